@@ -1,0 +1,56 @@
+# sip-bridge: `make run` and `make test` set up whatever is missing, then go.
+# Set-up is idempotent: a stamp file records the hash of the lock file, so a
+# second run with nothing missing costs well under a second.
+
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+# Debian packages the build and the tests need (checked one by one with dpkg).
+APT_PACKAGES ?= python3-venv
+LOCK := requirements.lock
+STAMP := $(VENV)/.stamp-deps
+PYTEST_ARGS ?=
+
+.PHONY: setup apt venv run test lint typecheck bench clean
+
+setup: apt venv
+
+apt:
+	@missing=""; for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+venv:
+	@want="$$(cat $(LOCK) pyproject.toml | sha256sum | cut -d' ' -f1)"; \
+	if [ -x $(PY) ] && [ -f $(STAMP) ] && [ "$$(cat $(STAMP))" = "$$want" ]; then exit 0; fi; \
+	echo "setting up $(VENV) with $(PYTHON)"; \
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
+	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip && \
+	$(PY) -m pip install -q --disable-pip-version-check -r $(LOCK) && \
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . && \
+	echo "$$want" > $(STAMP)
+
+run: setup
+	$(VENV)/bin/sip-bridge run
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+test: setup lint typecheck
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: setup
+	$(PY) bench/media_core.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/out
