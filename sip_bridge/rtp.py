@@ -8,9 +8,7 @@ reads a clock; times, when needed, are passed in by the caller.
   ``ValueError``) and nothing else.
 * :class:`TelephoneEvent` is the 4-byte RFC 4733 event payload; :func:`dtmf_to_event`
   and :func:`event_to_dtmf` map DTMF characters to event codes.
-* :class:`DtmfReceiver` turns a stream of telephone-event packets into one
-  :class:`DtmfDigit` per key press; :class:`DtmfSender` produces the packets for one
-  key press on an :class:`RtpSender`'s sequence/timestamp space.
+* DTMF key presses on top of these packets live in :mod:`sip_bridge.dtmf`.
 * :class:`RtpSender` keeps the per-stream sender state (SSRC, sequence number,
   timestamp, marker, RTCP sender counters).
 * :func:`unwrap_seq` / :func:`unwrap_ts` extend 16-bit sequence numbers and 32-bit
@@ -21,17 +19,12 @@ from __future__ import annotations
 
 import random
 import struct
-from collections import deque
-from collections.abc import Iterable
 from dataclasses import dataclass
 
 __all__ = [
     "DTMF_EVENTS",
     "RTP_HEADER_SIZE",
     "RTP_VERSION",
-    "DtmfDigit",
-    "DtmfReceiver",
-    "DtmfSender",
     "InterarrivalJitter",
     "RtpError",
     "RtpExtension",
@@ -62,7 +55,8 @@ class RtpError(ValueError):
     """Malformed RTP or telephone-event data (or an out-of-range field when building)."""
 
 
-def _check_range(name: str, value: int, bits: int) -> None:
+def check_range(name: str, value: int, bits: int) -> None:
+    """Refuse a value that would be silently truncated in its wire field."""
     if not 0 <= value < (1 << bits):
         raise RtpError(f"{name} {value!r} out of range for {bits} bits")
 
@@ -78,7 +72,7 @@ class RtpExtension:
     data: bytes = b""
 
     def __post_init__(self) -> None:
-        _check_range("extension profile", self.profile, 16)
+        check_range("extension profile", self.profile, 16)
         if len(self.data) % 4:
             raise RtpError(f"extension data length {len(self.data)} is not a multiple of 4")
         if len(self.data) // 4 >= _SEQ_MOD:
@@ -106,14 +100,14 @@ class RtpPacket:
     padding: int = 0
 
     def __post_init__(self) -> None:
-        _check_range("payload type", self.payload_type, 7)
-        _check_range("sequence", self.sequence, 16)
-        _check_range("timestamp", self.timestamp, 32)
-        _check_range("ssrc", self.ssrc, 32)
+        check_range("payload type", self.payload_type, 7)
+        check_range("sequence", self.sequence, 16)
+        check_range("timestamp", self.timestamp, 32)
+        check_range("ssrc", self.ssrc, 32)
         if len(self.csrc) > 15:
             raise RtpError(f"{len(self.csrc)} CSRCs, at most 15")
         for c in self.csrc:
-            _check_range("csrc", c, 32)
+            check_range("csrc", c, 32)
         if not 0 <= self.padding <= 255:
             raise RtpError(f"padding {self.padding} out of range 0..255")
 
@@ -304,9 +298,9 @@ class TelephoneEvent:
     duration: int = 0
 
     def __post_init__(self) -> None:
-        _check_range("event", self.event, 8)
-        _check_range("volume", self.volume, 6)
-        _check_range("duration", self.duration, 16)
+        check_range("event", self.event, 8)
+        check_range("volume", self.volume, 6)
+        check_range("duration", self.duration, 16)
 
     @classmethod
     def parse(cls, data: bytes | bytearray | memoryview) -> TelephoneEvent:
@@ -318,136 +312,6 @@ class TelephoneEvent:
 
     def serialize(self) -> bytes:
         return _EVENT.pack(self.event, (0x80 if self.end else 0) | self.volume, self.duration)
-
-
-@dataclass(frozen=True, slots=True)
-class DtmfDigit:
-    """One detected key press.
-
-    ``timestamp`` is the event's RTP timestamp (its start).  ``end_seen`` is False when
-    the End packets were all lost and the digit was inferred from the next event (or
-    from :meth:`DtmfReceiver.flush`); ``duration_ms`` is then the last duration seen.
-    """
-
-    digit: str
-    duration_ms: float
-    timestamp: int
-    end_seen: bool = True
-
-
-class DtmfReceiver:
-    """Telephone-event packets in, one :class:`DtmfDigit` per key press out.
-
-    Design choices:
-
-    * A digit is reported when a packet with the **End bit** arrives.  The marker bit is
-      ignored: many gateways never set it, and when the first packets are lost it is
-      gone anyway.
-    * All packets of one event share the RTP timestamp.  Once an event is reported,
-      further packets with that timestamp (the usual 3 End retransmissions, late
-      updates) are dropped, as is anything older than the newest event seen (serial
-      number arithmetic, so it survives the 32-bit wrap).
-    * If all End packets are lost, the event is reported (``end_seen=False``, last
-      duration seen) as soon as a packet with a newer timestamp arrives, i.e. when the
-      next key press starts.  Call :meth:`flush` at the end of the call (or from a
-      timer) to report a final event whose End packets were lost.
-    * An RFC 4733 long-duration event (duration reached 0xFFFF and a new segment starts
-      exactly 0xFFFF later with the same event code) continues the same digit.
-    * A change of SSRC flushes the pending event and restarts the state.
-    * Packets of other payload types, malformed event payloads and non-DTMF event codes
-      (16 and up) are ignored.
-    """
-
-    def __init__(self, payload_type: int = 101, clock_rate: int = 8000) -> None:
-        _check_range("payload type", payload_type, 7)
-        if clock_rate <= 0:
-            raise ValueError("clock_rate must be positive")
-        self.payload_type = payload_type
-        self.clock_rate = clock_rate
-        self._ssrc: int | None = None
-        self._newest_ts: int | None = None  # newest event (segment) timestamp seen
-        self._reported: deque[int] = deque(maxlen=16)  # segment timestamps already reported
-        # The event in progress (not yet reported):
-        self._cur_ts: int | None = None  # timestamp of its current segment
-        self._cur_start_ts = 0  # timestamp of its first segment (reported)
-        self._cur_event = 0
-        self._cur_duration = 0  # duration of the current segment
-        self._cur_base = 0  # total duration of the previous segments
-        self.ignored = 0  # packets ignored (wrong PT, malformed, duplicate, stale)
-
-    def feed(self, packet: RtpPacket) -> list[DtmfDigit]:
-        """Feed one RTP packet; returns the digits it completes (0, 1 or 2)."""
-        if packet.payload_type != self.payload_type:
-            self.ignored += 1
-            return []
-        try:
-            ev = TelephoneEvent.parse(packet.payload)
-        except RtpError:
-            self.ignored += 1
-            return []
-        out: list[DtmfDigit] = []
-        if self._ssrc is not None and packet.ssrc != self._ssrc:
-            out.extend(self.flush())
-            self._newest_ts = None
-            self._reported.clear()
-        self._ssrc = packet.ssrc
-        ts = packet.timestamp
-        if ts in self._reported or (
-            self._newest_ts is not None and (ts - self._newest_ts) % _TS_MOD >= _TS_MOD // 2
-        ):
-            self.ignored += 1
-            return out
-        if event_to_dtmf(ev.event) is None:
-            self.ignored += 1
-            return out
-        if self._cur_ts is not None and ts != self._cur_ts:
-            continuation = (
-                ev.event == self._cur_event
-                and self._cur_duration == 0xFFFF
-                and ts == (self._cur_ts + 0xFFFF) % _TS_MOD
-            )
-            if continuation:
-                self._reported.append(self._cur_ts)
-                self._cur_base += self._cur_duration
-                self._cur_duration = 0
-            else:
-                out.extend(self.flush())
-        if self._cur_ts is None:
-            self._cur_start_ts = ts
-            self._cur_event = ev.event
-            self._cur_duration = 0
-            self._cur_base = 0
-        self._cur_ts = ts
-        self._newest_ts = ts
-        self._cur_duration = max(self._cur_duration, ev.duration)
-        if ev.end:
-            out.append(self._finish(end_seen=True))
-        return out
-
-    def feed_all(self, packets: Iterable[RtpPacket]) -> list[DtmfDigit]:
-        """Feed packets in order; returns all digits they complete."""
-        out: list[DtmfDigit] = []
-        for p in packets:
-            out.extend(self.feed(p))
-        return out
-
-    def flush(self) -> list[DtmfDigit]:
-        """Report the event in progress, if any (its End packets never arrived)."""
-        if self._cur_ts is None:
-            return []
-        return [self._finish(end_seen=False)]
-
-    def _finish(self, *, end_seen: bool) -> DtmfDigit:
-        assert self._cur_ts is not None
-        digit = DtmfDigit(
-            digit=DTMF_EVENTS[self._cur_event],
-            duration_ms=(self._cur_base + self._cur_duration) * 1000.0 / self.clock_rate,
-            timestamp=self._cur_start_ts,
-            end_seen=end_seen,
-        )
-        self._reported.append(self._cur_ts)
-        self._cur_ts = None
-        return digit
 
 
 # ---------------------------------------------------------------------------------------
@@ -477,14 +341,14 @@ class RtpSender:
         rng: random.Random | None = None,
     ) -> None:
         gen = rng if rng is not None else random.SystemRandom()
-        _check_range("payload type", payload_type, 7)
+        check_range("payload type", payload_type, 7)
         self.payload_type = payload_type
         self.ssrc: int = gen.getrandbits(32) if ssrc is None else ssrc
         self.sequence: int = gen.getrandbits(16) if sequence is None else sequence
         self.timestamp: int = gen.getrandbits(32) if timestamp is None else timestamp
-        _check_range("ssrc", self.ssrc, 32)
-        _check_range("sequence", self.sequence, 16)
-        _check_range("timestamp", self.timestamp, 32)
+        check_range("ssrc", self.ssrc, 32)
+        check_range("sequence", self.sequence, 16)
+        check_range("timestamp", self.timestamp, 32)
         self.packet_count = 0
         self.octet_count = 0
         self._marker_pending = True
@@ -538,63 +402,3 @@ class RtpSender:
     ) -> bytes:
         """Serialize the next packet carrying ``payload`` worth ``samples`` clock ticks."""
         return self.next_rtp_packet(payload, samples, marker, payload_type).serialize()
-
-
-class DtmfSender:
-    """RFC 4733 packets for one key press, on the sequence space of an :class:`RtpSender`.
-
-    :meth:`packets` returns ``(send_offset_s, datagram)`` pairs: a start packet with the
-    marker bit, updates every ``ptime_ms`` with growing duration, then ``end_packets``
-    (default 3) copies of the End packet with the final duration, also ``ptime_ms``
-    apart.  All share the timestamp the stream had when the key press began; each has
-    its own sequence number.  After the last one the stream timestamp has advanced by
-    the event duration, so audio resumes seamlessly.  The packets are built (sequence
-    numbers taken) when :meth:`packets` is called: send them in order and do not send
-    audio on the stream until the last one is out.
-    """
-
-    def __init__(
-        self,
-        rtp: RtpSender,
-        payload_type: int = 101,
-        *,
-        clock_rate: int = 8000,
-        ptime_ms: int = 20,
-        volume: int = 10,
-        end_packets: int = 3,
-    ) -> None:
-        _check_range("payload type", payload_type, 7)
-        _check_range("volume", volume, 6)
-        if clock_rate <= 0 or ptime_ms <= 0 or end_packets < 1:
-            raise ValueError("clock_rate, ptime_ms and end_packets must be positive")
-        self.rtp = rtp
-        self.payload_type = payload_type
-        self.clock_rate = clock_rate
-        self.ptime_ms = ptime_ms
-        self.volume = volume
-        self.end_packets = end_packets
-
-    def packets(self, digit: str, duration_ms: int = 100) -> list[tuple[float, bytes]]:
-        event = dtmf_to_event(digit)
-        total = duration_ms * self.clock_rate // 1000
-        step = self.ptime_ms * self.clock_rate // 1000
-        if total <= 0 or step <= 0:
-            raise ValueError("duration and ptime must be at least one clock tick")
-        if total > 0xFFFF:
-            raise ValueError(f"duration {duration_ms} ms exceeds the 16-bit duration field")
-        # start + updates: step, 2*step, ... below total (just [total] if it is short)
-        durations = list(range(step, total, step)) or [total]
-        plan: list[tuple[int, bool]] = [(d, False) for d in durations]
-        plan += [(total, True)] * self.end_packets
-        out: list[tuple[float, bytes]] = []
-        for i, (duration, end) in enumerate(plan):
-            last = i == len(plan) - 1
-            payload = TelephoneEvent(event, end, self.volume, duration).serialize()
-            datagram = self.rtp.next_packet(
-                payload,
-                samples=total if last else 0,
-                marker=i == 0,
-                payload_type=self.payload_type,
-            )
-            out.append((i * self.ptime_ms / 1000.0, datagram))
-        return out

@@ -9,11 +9,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sip_bridge.dtmf import DtmfDigit, DtmfReceiver, DtmfSender
 from sip_bridge.rtp import (
     DTMF_EVENTS,
-    DtmfDigit,
-    DtmfReceiver,
-    DtmfSender,
     InterarrivalJitter,
     RtpError,
     RtpExtension,
