@@ -10,25 +10,45 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from resample.resampler import PASS_FRACTION, STOP_FRACTION, Resampler
+from resample.resampler import PASS_FRACTION, STOP_FRACTION
 
 __all__ = [
     "ResamplerFactory",
+    "StreamResampler",
     "amplitude_spectrum",
     "cpu_us_per_20ms",
     "measure_delay_s",
     "measure_gain_db",
+    "measure_holdback_s",
     "measure_image_rejection_db",
     "measure_passband_ripple_db",
     "run_stream",
     "tone",
 ]
 
-ResamplerFactory = Callable[[], Resampler]
+
+class StreamResampler(Protocol):
+    """What the measurements need: our Resampler, or an adapter around soxr for the bench."""
+
+    @property
+    def in_rate(self) -> int: ...
+
+    @property
+    def out_rate(self) -> int: ...
+
+    def process(self, x: NDArray[Any]) -> NDArray[Any]: ...
+
+    def flush(self) -> NDArray[Any]: ...
+
+    def reset(self) -> None: ...
+
+
+ResamplerFactory = Callable[[], StreamResampler]
 _SETTLE_S = 0.1  # transient skipped before the 1 s analysis window (filters are ~4 ms long)
 
 
@@ -41,7 +61,7 @@ def tone(
 
 
 def run_stream(
-    resampler: Resampler, x: NDArray[np.float32], chunk_s: float = 0.02
+    resampler: StreamResampler, x: NDArray[np.float32], chunk_s: float = 0.02
 ) -> NDArray[np.float32]:
     """Feed x in chunk_s chunks, then flush: what a call's media path would produce."""
     step = max(1, round(resampler.in_rate * chunk_s))
@@ -66,17 +86,19 @@ def _steady_spectrum(factory: ResamplerFactory, x: NDArray[np.float32]) -> NDArr
     return amplitude_spectrum(y[start : start + r.out_rate])
 
 
-def _tone_input(r: Resampler, freq: float, amp: float, phase: float = 0.0) -> NDArray[np.float32]:
+def _tone_input(
+    r: StreamResampler, freq: float, amp: float, phase: float = 0.0
+) -> NDArray[np.float32]:
     return tone(freq, r.in_rate, round((2 * _SETTLE_S + 1.0) * r.in_rate), amp, phase)
 
 
-def _band(r: Resampler) -> tuple[float, float, float]:
+def _band(r: StreamResampler) -> tuple[float, float, float]:
     """(ripple low edge, pass edge, stop edge) in Hz: 300/3400/4000 for 8 kHz pairs."""
     low = min(r.in_rate, r.out_rate)
     return 300.0 * low / 8000, PASS_FRACTION * low, STOP_FRACTION * low
 
 
-def _passband_grid(r: Resampler, step_hz: int) -> list[int]:
+def _passband_grid(r: StreamResampler, step_hz: int) -> list[int]:
     lo, hi, _ = _band(r)
     return list(range(int(np.ceil(lo)), int(hi) + 1, step_hz))
 
@@ -101,6 +123,26 @@ def measure_delay_s(factory: ResamplerFactory, step_hz: int = 50, seed: int = 0)
     lag = np.angle(spec[bins]) - phases - 2 * np.pi * freqs * t0
     slope = np.polyfit(freqs, np.unwrap(np.mod(lag, 2 * np.pi)), 1)[0]
     return float(-slope / (2 * np.pi))
+
+
+def measure_holdback_s(factory: ResamplerFactory, chunk_s: float = 0.02, chunks: int = 60) -> float:
+    """Mean audio a streaming resampler withholds after each chunk, in seconds.
+
+    Some resamplers (soxr) output time-aligned audio but keep back their filter's
+    delay until more input arrives; ours outputs at once with the delay in the signal.
+    A call hears the sum: `measure_delay_s` + this.
+    """
+    r = factory()
+    step = max(1, round(r.in_rate * chunk_s))
+    x = tone(1000, r.in_rate, step * chunks)
+    fed = emitted = 0
+    held = []
+    for i in range(chunks):
+        emitted += len(r.process(x[i * step : (i + 1) * step]))
+        fed += step
+        if i >= chunks // 3:  # steady state
+            held.append(fed / r.in_rate - emitted / r.out_rate)
+    return float(np.mean(held))
 
 
 def measure_passband_ripple_db(factory: ResamplerFactory, step_hz: int = 100) -> float:
@@ -149,7 +191,7 @@ def measure_image_rejection_db(
     return float(worst)
 
 
-def cpu_us_per_20ms(resampler: Resampler, n_chunks: int = 500, repeats: int = 7) -> float:
+def cpu_us_per_20ms(resampler: StreamResampler, n_chunks: int = 500, repeats: int = 7) -> float:
     """Median wall time of process() on one 20 ms int16 chunk, in microseconds."""
     rng = np.random.default_rng(0)
     chunk = rng.integers(-8000, 8000, round(resampler.in_rate * 0.02)).astype(np.int16)
