@@ -1,0 +1,387 @@
+"""JitterBuffer unit and property tests (no network models: hand-made packet sequences)."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from numpy.typing import NDArray
+
+from jitter import JitterBuffer, Unwrapper, unwrap_near, wrapped_diff
+
+RATE = 8000
+FRAME = 160
+TICK = 0.020
+PHASE = 0.0073
+
+
+def pcm_at(ts_ext: int, n: int) -> NDArray[np.int16]:
+    """Audio identified by its (unwrapped) timestamp, so output can be checked sample-exactly."""
+    return (((ts_ext + np.arange(n)) * 37) % 16000 - 8000).astype(np.int16)
+
+
+@dataclass
+class Pkt:
+    seq: int
+    ts_ext: int
+    n: int
+    arrival: float
+    marker: bool = False
+    ssrc: int = 1234
+    cn: bool = False
+
+    @property
+    def ts(self) -> int:
+        return self.ts_ext & 0xFFFFFFFF
+
+
+def stream(
+    count: int,
+    *,
+    seq0: int = 1000,
+    ts0: int = 50_000,
+    ptimes: list[int] | None = None,
+    t0: float = 0.0,
+    delay: float = 0.030,
+    ssrc: int = 1234,
+) -> list[Pkt]:
+    out = []
+    ts = ts0
+    for i in range(count):
+        n = (ptimes[i % len(ptimes)] if ptimes else 20) * RATE // 1000
+        out.append(Pkt(seq0 + i, ts, n, t0 + (ts - ts0 + n) / RATE + delay, ssrc=ssrc))
+        ts += n
+    return out
+
+
+@dataclass
+class Run:
+    frames: list[NDArray[np.int16]]
+    pts: list[int | None]
+    jb: JitterBuffer
+    cur_ms: list[float]
+
+
+def drive(pkts: list[Pkt], jb: JitterBuffer | None = None, extra_s: float = 0.3) -> Run:
+    jb = jb or JitterBuffer(RATE)
+    order = sorted(pkts, key=lambda p: p.arrival)
+    t = PHASE
+    end = max(p.arrival for p in pkts) + extra_s
+    i = 0
+    frames: list[NDArray[np.int16]] = []
+    pts: list[int | None] = []
+    cur: list[float] = []
+    while t <= end:
+        while i < len(order) and order[i].arrival <= t:
+            p = order[i]
+            if p.cn:
+                jb.push_comfort_noise(p.seq & 0xFFFF, p.ts, 40, p.arrival, p.ssrc)
+            else:
+                jb.push(p.seq & 0xFFFF, p.ts, pcm_at(p.ts_ext, p.n), p.arrival, p.marker, p.ssrc)
+            i += 1
+        f = jb.pop(t)
+        assert f.dtype == np.int16 and f.shape == (FRAME,)
+        frames.append(f)
+        pts.append(jb.playout_timestamp)
+        cur.append(jb.stats.current_delay_ms)
+        t += TICK
+    return Run(frames, pts, jb, cur)
+
+
+def played_audio(run: Run, upto: int | None = None) -> tuple[NDArray[np.int16], NDArray[np.int16]]:
+    """(output, expected) over the frames tied to the stream, by playout timestamp."""
+    got, want = [], []
+    for f, p in zip(run.frames, run.pts, strict=True):
+        if p is not None and (upto is None or p + FRAME <= upto):
+            got.append(f)
+            want.append(pcm_at(p, FRAME))
+    return np.concatenate(got), np.concatenate(want)
+
+
+# -- seqnum ------------------------------------------------------------------------------------
+
+
+def test_unwrap_helpers_exact_at_the_wrap() -> None:
+    assert wrapped_diff(0, 65535, 16) == 1
+    assert wrapped_diff(65535, 0, 16) == -1
+    assert unwrap_near(2, 65534, 16) == 65538
+    assert unwrap_near(65534, 65538, 16) == 65534
+    u = Unwrapper(32)
+    assert u.unwrap(2**32 - 160) == 2**32 - 160
+    assert u.unwrap(0) == 2**32
+    assert u.unwrap(2**32 - 320) == 2**32 - 320  # reordered: older, behind the wrap
+    assert u.highest == 2**32
+    assert u.unwrap(160) == 2**32 + 160
+
+
+# -- basic behaviour -----------------------------------------------------------------------
+
+
+def test_clean_stream_is_reproduced_exactly_at_min_delay() -> None:
+    run = drive(stream(200))
+    got, want = played_audio(run)
+    np.testing.assert_array_equal(got, want)
+    s = run.jb.stats
+    assert (s.lost, s.late, s.concealed, s.dropped_frames, s.inserted_frames) == (0, 0, 0, 0, 0)
+    assert s.target_delay_ms == 20.0
+    playing = [c for c, p in zip(run.cur_ms, run.pts, strict=True) if p is not None]
+    assert min(playing) >= 20.0 and max(playing) < 42.0
+    ticks = [p for p in run.pts if p is not None]
+    assert all(b - a == FRAME for a, b in itertools.pairwise(ticks))
+    assert run.pts[0] is None  # silence before playout starts
+
+
+def test_reordering_within_the_window_is_transparent() -> None:
+    pkts = stream(200)
+    for k in range(10, 190, 7):  # swap neighbours: the earlier one arrives 25 ms late
+        pkts[k].arrival += 0.025
+    run = drive(pkts)
+    s = run.jb.stats
+    assert s.lost == 0 and s.late == 0 and s.concealed == 0
+    got, want = played_audio(run)
+    assert np.mean(got == want) > 0.97  # only insert/blend frames may differ
+
+
+def test_duplicates_are_counted_and_ignored() -> None:
+    pkts = stream(100)
+    dups = [Pkt(p.seq, p.ts_ext, p.n, p.arrival + 0.004) for p in pkts[::3]]
+    run = drive(pkts + dups)
+    s = run.jb.stats
+    assert s.duplicates == len(dups)
+    assert s.received == len(pkts) + len(dups)
+    assert s.lost == 0 and s.late == 0 and s.concealed == 0
+    got, want = played_audio(run)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_seq_and_timestamp_wrap_mid_stream() -> None:
+    pkts = stream(300, seq0=65_400, ts0=2**32 - 20 * FRAME)
+    run = drive(pkts)
+    s = run.jb.stats
+    assert (s.lost, s.late, s.concealed, s.resyncs, s.duplicates) == (0, 0, 0, 0, 0)
+    ticks = [p for p in run.pts if p is not None]
+    assert ticks[0] < 2**32 < ticks[-1]  # unwrapped across the 32-bit wrap
+    got, want = played_audio(run)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_lost_packet_is_concealed_and_counted() -> None:
+    pkts = stream(100)
+    del pkts[50]
+    run = drive(pkts)
+    s = run.jb.stats
+    assert s.lost == 1 and s.concealed == 1 and s.late == 0
+
+
+def test_late_packet_counted_late_and_dropped() -> None:
+    pkts = stream(100)
+    pkts[40].arrival += 0.5
+    run = drive(pkts)
+    s = run.jb.stats
+    assert s.late == 1
+    assert s.lost == 0  # it arrived: moved from lost to late
+    assert s.concealed >= 1
+    assert s.resyncs == 0
+
+
+def test_ptime_10_30_60_mixed() -> None:
+    pkts = stream(150, ptimes=[60, 10, 30, 20, 10, 10, 30])
+    run = drive(pkts, JitterBuffer(RATE, min_delay_ms=20))
+    s = run.jb.stats
+    # 60 ms packets arrive 40 ms after a 20 ms one would: before the target has learnt
+    # that, at most one start-up packet may come too late.
+    assert s.lost == 0 and s.late <= 1 and s.concealed <= 1
+    got, want = played_audio(run, upto=pkts[-1].ts_ext + pkts[-1].n)
+    assert np.mean(got == want) > 0.97
+
+
+def test_odd_packet_sizes_and_partial_overlap() -> None:
+    pkts = stream(120, ptimes=[20])
+    for p in pkts:  # every packet carries 3 ms of the next one too (overlap) and odd length
+        p.n += 24 + p.seq % 3
+    run = drive(pkts)
+    s = run.jb.stats
+    assert s.lost == 0 and s.concealed == 0
+    got, want = played_audio(run, upto=pkts[-1].ts_ext + FRAME)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_ssrc_change_resyncs_without_loss_counting() -> None:
+    a = stream(100, seq0=500, ts0=1000)
+    t_switch = a[-1].arrival + 0.0
+    b = stream(100, seq0=40_000, ts0=3_000_000_000, t0=t_switch - 0.030 + 0.0, ssrc=999)
+    run = drive(a + b)
+    s = run.jb.stats
+    assert s.resyncs == 1
+    assert s.lost == 0 and s.late == 0
+    assert s.concealed <= 1
+    ticks = [p for p in run.pts if p is not None]
+    assert ticks[-1] > 3_000_000_000  # reported in the new stream's timestamp space
+    got, want = played_audio(run)
+    assert np.mean(got == want) > 0.95
+
+
+def test_timestamp_jump_resyncs() -> None:
+    a = stream(100, seq0=7, ts0=0)
+    b = stream(100, seq0=107, ts0=80_000_000, t0=a[-1].arrival - 0.030)
+    run = drive(a + b)
+    s = run.jb.stats
+    assert s.resyncs == 1 and s.lost == 0 and s.late == 0 and s.concealed <= 1
+    # ... and a silly seq jump is a resync too
+    c = stream(50, seq0=30_000, ts0=b[-1].ts_ext + FRAME, t0=b[-1].arrival - 0.030)
+    run2 = drive(a + b + c)
+    assert run2.jb.stats.resyncs == 2
+
+
+def test_dtx_gap_with_cn_is_not_loss() -> None:
+    a = stream(100, seq0=10, ts0=0)
+    gap_ts = a[-1].ts_ext + FRAME
+    cn = Pkt(110, gap_ts, 0, a[-1].arrival + TICK, cn=True)
+    b = stream(100, seq0=111, ts0=gap_ts + 25 * FRAME, t0=a[-1].arrival + 0.5 - 0.03)
+    b[0].marker = True
+    run = drive([*a, cn, *b])
+    s = run.jb.stats
+    assert s.lost == 0 and s.concealed == 0 and s.late == 0
+    assert s.comfort_noise >= 20
+    # the gap is comfort noise at the signalled level (-40 dBov ~ rms 328)
+    last = max(k for k, p in enumerate(run.pts) if p is not None and p < gap_ts)
+    quiet = run.frames[last + 2 : last + 20]  # after the <= 1 frame PLC tail
+    gap = np.concatenate(quiet).astype(np.float64)
+    rms = np.sqrt(np.mean(gap**2))
+    assert 150 < rms < 700
+
+
+def test_dtx_gap_without_cn_is_digital_silence() -> None:
+    a = stream(100, seq0=10, ts0=0)
+    b = stream(100, seq0=110, ts0=a[-1].ts_ext + 40 * FRAME, t0=a[-1].arrival + 0.8 - 0.03)
+    run = drive([*a, *b])
+    s = run.jb.stats
+    assert s.lost == 0 and s.concealed == 0
+    assert s.comfort_noise >= 30
+    quiet = [f for f, p in zip(run.frames, run.pts, strict=True) if p is None]
+    assert sum(1 for f in quiet if not f.any()) >= 30
+
+
+def test_talkspurt_start_absorbs_a_delay_change() -> None:
+    """The path gets 60 ms shorter during a pause: the next talkspurt starts earlier,
+    without dropping speech frames."""
+    a = stream(150, seq0=10, ts0=0, delay=0.090)
+    gap_ts = a[-1].ts_ext + FRAME
+    cn = Pkt(160, gap_ts, 0, a[-1].arrival + TICK, cn=True)
+    b = stream(150, seq0=161, ts0=gap_ts + 50 * FRAME, t0=a[-1].arrival + 1.0 - 0.03, delay=0.03)
+    b[0].marker = True
+    jb = JitterBuffer(RATE)
+    run = drive([*a, cn, *b], jb)
+    s = jb.stats
+    assert s.dropped_frames == 0 and s.lost == 0 and s.late == 0
+    # after 6 s the 4 s base window forgot the old path: delay is back near the target
+    assert run.cur_ms[-20] < s.target_delay_ms + 25
+
+
+def test_jitter_raises_target_and_stays_low_on_clean_path() -> None:
+    rng = np.random.default_rng(5)
+    clean = drive(stream(300)).jb.stats
+    pk = stream(300)
+    for p in pk:
+        p.arrival += float(rng.uniform(0, 0.060))
+    jit = drive(pk).jb.stats
+    assert clean.target_delay_ms == 20.0
+    assert jit.target_delay_ms > 50.0
+    assert jit.late <= 3
+    assert jit.jitter_ms > 5.0 > clean.jitter_ms
+
+
+# -- property tests ------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    shifts=st.lists(st.floats(min_value=0.0, max_value=0.060), min_size=120, max_size=120),
+    drop=st.sets(st.integers(min_value=5, max_value=115), max_size=6),
+)
+def test_reorder_and_loss_accounting(shifts: list[float], drop: set[int]) -> None:
+    pkts = stream(120)
+    for p, d in zip(pkts, shifts, strict=True):
+        p.arrival += d
+    kept = [p for i, p in enumerate(pkts) if i not in drop]
+    run = drive(kept, extra_s=0.5)
+    s = run.jb.stats
+    assert s.duplicates == 0 and s.resyncs == 0
+    assert s.lost + s.late == len(drop) + s.late - 0  # lost counts exactly the missing seqs
+    assert s.lost == len(drop)
+    assert s.late <= 8
+
+
+packet_op = st.tuples(
+    st.sampled_from(["push", "cn", "pop"]),
+    st.integers(min_value=-(2**40), max_value=2**40),  # seq (garbage welcome)
+    st.integers(min_value=-(2**40), max_value=2**40),  # ts
+    st.floats(allow_nan=True, allow_infinity=True, width=64),  # arrival / now
+    st.integers(min_value=1, max_value=3000),  # pcm size
+    st.sampled_from([None, 1, 2]),  # ssrc
+    st.booleans(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=st.lists(packet_op, min_size=1, max_size=60))
+def test_garbage_never_raises_and_frames_are_exact(
+    ops: list[tuple[str, int, int, float, int, int | None, bool]],
+) -> None:
+    jb = JitterBuffer(RATE)
+    for kind, seq, ts, t, n, ssrc, marker in ops:
+        if kind == "push":
+            jb.push(seq, ts, np.full(n, 100, np.int16), t, marker, ssrc)
+        elif kind == "cn":
+            jb.push_comfort_noise(seq, ts, seq % 200, t, ssrc)
+        else:
+            f = jb.pop(t)
+            assert f.dtype == np.int16 and f.shape == (FRAME,)
+    for k in range(5):
+        assert jb.pop(1e3 + k * TICK).shape == (FRAME,)
+    s = jb.stats
+    assert s.lost >= 0 and s.late >= 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.integers(0, 3),  # pushes before the next pop
+            st.integers(-3, 6),  # seq step
+            st.integers(-2, 5),  # ts step in frames
+            st.floats(min_value=-0.05, max_value=0.2),  # arrival jitter
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    rate=st.sampled_from([8000, 16000]),
+)
+def test_plausible_interleavings_never_raise(
+    ops: list[tuple[int, int, int, float]], rate: int
+) -> None:
+    jb = JitterBuffer(rate)
+    frame = rate // 50
+    seq, ts, now = 65_530, 2**32 - 3 * frame, 0.0
+    for pushes, dseq, dts, jit in ops:
+        for _ in range(pushes):
+            seq += dseq
+            ts += dts * frame
+            jb.push(seq, ts, np.ones(frame, np.int16), now + jit)
+        now += 0.02
+        f = jb.pop(now)
+        assert f.dtype == np.int16 and f.shape == (frame,)
+
+
+def test_bad_pcm_raises_value_error() -> None:
+    jb = JitterBuffer()
+    for bad in (np.zeros(0, np.int16), np.zeros(160, np.float32), np.zeros((2, 80), np.int16)):
+        try:
+            jb.push(1, 1, bad, 0.0)  # type: ignore[arg-type]
+        except ValueError:
+            pass
+        else:  # pragma: no cover
+            raise AssertionError("expected ValueError")
