@@ -201,19 +201,40 @@ def interarrival_jitter_ms(trace: Sequence[TracePacket], clock_rate: int = 8000)
     return 1000.0 * acc / (len(pkts) - 1)
 
 
-def oracle_added_delay_ms(trace: Sequence[TracePacket], late_pct: float = 1.0) -> float:
+def oracle_added_delay_ms(
+    trace: Sequence[TracePacket],
+    late_pct: float = 1.0,
+    *,
+    frame_ms: int | None = None,
+    tick_phase_s: float = 0.0073,
+) -> float:
     """Mean buffering delay of the best fixed playout delay chosen in hindsight.
 
-    A lower bound for any buffer that loses at most `late_pct` % of packets
-    to lateness on this trace (ignoring frame-tick granularity and drift).
+    A lower bound for any buffer that loses at most `late_pct` % of packets to
+    lateness on this trace. With `frame_ms`, playout is also tied to the pop
+    ticks of `replay` (every frame_ms at tick_phase_s), as a real buffer's is:
+    a packet is played at the first tick at or after its scheduled time.
     """
-    audio = [p for p in received(trace) if p.kind == "audio"]
+    audio = [p for p in received(trace) if p.kind == "audio" and p.arrival_s is not None]
     if not audio:
         return 0.0
-    rel = np.array([p.arrival_s - p.send_s for p in audio if p.arrival_s is not None])
-    playout = float(np.quantile(rel, 1.0 - late_pct / 100.0))
-    on_time = rel[rel <= playout]
-    return 1000.0 * float(np.mean(playout - on_time))
+    arrival = np.array([p.arrival_s for p in audio], dtype=np.float64)
+    # The sender's true clock: a buffer that tracked drift perfectly plays on it.
+    nominal = np.array([p.send_s for p in audio], dtype=np.float64)
+    nominal += float(np.min(arrival - nominal))  # best-case transit at 0 jitter
+    if frame_ms is None:
+        rel = arrival - nominal
+        playout = float(np.quantile(rel, 1.0 - late_pct / 100.0))
+        return 1000.0 * float(np.mean(playout - rel[rel <= playout]))
+    frame_s = frame_ms / 1000.0
+    best = math.inf
+    for d in np.arange(0.0, 0.5, 0.0005):
+        tick = np.ceil((nominal + d - tick_phase_s) / frame_s) * frame_s + tick_phase_s
+        on_time = arrival <= tick + 1e-9
+        if 100.0 * (1.0 - np.mean(on_time)) > late_pct:
+            continue
+        best = min(best, float(np.mean(tick[on_time] - arrival[on_time])))
+    return 1000.0 * best
 
 
 # -- replay ---------------------------------------------------------------------------------
@@ -289,13 +310,16 @@ def replay(
     tick_phase_s: float = 0.0073,
     cn_level_dbov: int = 70,
     sample_timeline: Callable[[], float] | None = None,
+    follow_due_s: float = 0.0,
 ) -> ReplayResult:
     """Drive `jb` on a simulated clock: pushes at arrival times, a pop every frame_ms.
 
     Each packet's buffering delay is the first pop tick whose frame contains
     the packet's first sample (from `jb.playout_timestamp`) minus its arrival.
     `sample_timeline`, if given, is read after every pop (e.g. the target
-    delay) and recorded with the tick time for plots.
+    delay) and recorded with the tick time for plots. With `follow_due_s` > 0
+    the pop clock moves each tick by up to that much toward `jb.due_s` (a
+    phase-following receive loop) instead of keeping a fixed 20 ms grid.
     """
     make_pcm = pcm_for or tone_pcm
     pkts = received(trace)
@@ -339,7 +363,11 @@ def replay(
                 first_tick.setdefault(k, t)
         if sample_timeline is not None:
             samples.append((t, sample_timeline()))
-        t += frame_s
+        nxt = t + frame_s
+        due = getattr(jb, "due_s", None) if follow_due_s > 0 else None
+        if due is not None:
+            nxt += min(follow_due_s, max(-follow_due_s, due - nxt))
+        t = nxt
     delays: list[float] = []
     late = skipped = 0
     n_received = 0
