@@ -36,10 +36,21 @@ _MAX_RIPPLE_DB = 0.35  # margin on the product's 0.5 dB peak-to-peak
 
 _COEF_BITS = 24  # coefficient grid: 2^-24
 _SAMPLE_BITS = 24  # sample grid: full scale (1.0 or 32768) is 2^24
-_INT16_SHIFT = float(2 ** (_SAMPLE_BITS - 15))
 _FLOAT_LIMIT = 4.0  # float input is clipped here so sums stay below 2^53
-_OUT_FLOAT = 2.0 ** -(_COEF_BITS + _SAMPLE_BITS)
-_OUT_INT16 = 2.0 ** -(_COEF_BITS + _SAMPLE_BITS - 15)
+# The history buffer holds samples in one of two power-of-two units, chosen by the dtype of
+# the chunks being fed (switching rescales the history exactly):
+#   int16 mode: 1 = one int16 LSB (samples are then multiples of 2^-9: the 2^-24 grid)
+#   float mode: 1 = 2^-24 of full scale (samples are integers)
+# Scaling samples or coefficients by a power of two keeps every product and partial sum
+# exactly representable, so the exactness argument above is unchanged.
+_INT16_TO_FLOAT_UNITS = float(2 ** (_SAMPLE_BITS - 15))
+_SCALE_INT16 = 2.0**-_COEF_BITS  # raw sum -> int16 LSB
+_SCALE_FLOAT = 2.0 ** -(_COEF_BITS + _SAMPLE_BITS)  # raw sum -> float full scale
+_FLOAT_IN = 2.0**_SAMPLE_BITS
+_INT16 = np.dtype(np.int16)
+_FLOAT32 = np.dtype(np.float32)
+_PLAN_MIN_OUTPUTS = 8  # fewer outputs per chunk: the generic path is as cheap
+_PLAN_TARGET_BATCHES = 10  # measured: ~10 small gemvs beat one copy + gemm, or fewer big ones
 
 
 @dataclass(frozen=True)
@@ -167,19 +178,84 @@ def design_filter(in_rate: int, out_rate: int) -> FilterDesign:
     )
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """A fixed-size chunk computed as one batched matmul straight from the history buffer.
+
+    Batch a's inputs are buf[start + a*stride : ... + span] (overlapping rows are fine: each
+    batch is its own gemv); its G outputs are that row times h[a] (span x G), a banded matrix
+    holding each output's (pre-scaled) phase row at the output's offset, zeros elsewhere.
+    """
+
+    start: int
+    stride: int
+    batches: int
+    span: int
+    h: NDArray[np.float64]  # (span, G) when every batch has the same pattern, else (B, span, G)
+    buf_len: int  # buffer length the strided view needs
+
+
+def _batch_size(count: int, up: int) -> int:
+    """Outputs per batch: a divisor of count giving about _PLAN_TARGET_BATCHES batches,
+    preferring multiples of L (the phase pattern repeats, so one matrix serves all)."""
+    divisors = [g for g in range(1, count + 1) if count % g == 0]
+
+    def badness(g: int) -> float:
+        return abs(float(np.log(count / g / _PLAN_TARGET_BATCHES)))
+
+    uniform = [g for g in divisors if g % up == 0 and badness(g) <= np.log(2.0)]
+    return min(uniform or divisors, key=badness)
+
+
+@functools.lru_cache(maxsize=64)
+def _plan(
+    in_rate: int, out_rate: int, n_new: int, n_in: int, n_out: int, scale: float
+) -> _Plan | None:
+    """The batched-matmul plan for one chunk size and phase state (shared by all streams)."""
+    d = design_filter(in_rate, out_rate)
+    up, down, taps = d.up, d.down, d.taps_per_phase
+    total = n_in + n_new
+    k_end = -(-total * up // down)
+    count = k_end - n_out
+    if count < _PLAN_MIN_OUTPUTS:
+        return None
+    q, j = np.divmod(np.arange(n_out, k_end, dtype=np.int64), up)
+    w = q * down + d.base_n[j] - n_in  # window start in the buffer, per output
+    g = _batch_size(count, up)
+    nb = count // g
+    first = w[::g]
+    stride = int(np.min((first[1:] - first[0]) // np.arange(1, nb))) if nb > 1 else 0
+    origin = int(w[0])
+    rel = np.arange(count)
+    off = w - (origin + (rel // g) * stride)  # >= 0: w is nondecreasing
+    span = int(off.max()) + taps
+    hs = np.zeros((nb, span, g))
+    hs[(rel // g)[:, None], off[:, None] + np.arange(taps), (rel % g)[:, None]] = (
+        d.bank[d.phase[j]] * scale
+    )
+    h = hs[0].copy() if bool(np.all(hs == hs[:1])) else hs
+    h.flags.writeable = False
+    return _Plan(origin, stride, nb, span, h, origin + (nb - 1) * stride + span)
+
+
 class Resampler:
     """Streaming in_rate -> out_rate resampler; feed chunks of any length, then flush().
 
     Output sample k is the signal at time k/out_rate delayed by ``delay_s``; the stream starts
     from silence. After n inputs exactly ceil(n*L/M) outputs have been returned.
     int16 and float32 chunks may be mixed; each call returns its input's dtype.
+
+    Hot path: when the same chunk length arrives twice in a row in the same phase state
+    (20 ms frames do), later chunks of that length take a precomputed batched matmul that
+    reads the history buffer in place. By the exactness argument it returns bit for bit what
+    the generic path would.
     """
 
     def __init__(self, in_rate: int, out_rate: int) -> None:
         self.in_rate = in_rate
         self.out_rate = out_rate
         self.design = design_filter(in_rate, out_rate)
-        self._dtype: np.dtype[Any] = np.dtype(np.int16)
+        self._dtype: np.dtype[Any] = _INT16
         self.reset()
 
     @property
@@ -195,17 +271,17 @@ class Resampler:
     def reset(self) -> None:
         """Forget all history: the next chunk starts a new stream from silence."""
         self._hist_len = self.design.taps_per_phase - 1
-        self._buf = np.zeros(self._hist_len)  # [history | current chunk], on the 2^-24 grid
-        self._windows = self._window_view(0)
+        # [history | current chunk | zero slack]; history sits at [0, hist) between calls.
+        self._buf = np.zeros(self._hist_len + 1)
+        self._mode: np.dtype[Any] = (
+            _INT16  # unit of the buffer's samples (see _INT16_TO_FLOAT_UNITS)
+        )
         self._n_in = 0  # inputs consumed, modulo whole periods of M
         self._n_out = 0  # outputs emitted, modulo the same whole periods of L
         self._started = False
-
-    def _window_view(self, n_new: int) -> NDArray[np.float64]:
-        """windows[w] = the T inputs ending at chunk sample w (no copy; reused per size)."""
-        return np.ndarray(
-            (n_new, self.design.taps_per_phase), dtype=np.float64, buffer=self._buf, strides=(8, 8)
-        )
+        self._last_key: tuple[int, int, int, np.dtype[Any]] | None = None
+        # Fast path state: (shape, dtype, seg, x_view, h, y, y_flat, hist_dst, hist_src)
+        self._fast: tuple[Any, ...] | None = None
 
     @overload
     def process(self, x: NDArray[np.int16]) -> NDArray[np.int16]: ...
@@ -213,45 +289,114 @@ class Resampler:
     def process(self, x: NDArray[np.float32]) -> NDArray[np.float32]: ...
     def process(self, x: NDArray[Any]) -> NDArray[Any]:
         """Resample one chunk; returns every output that this chunk made computable."""
+        fast = self._fast
+        if fast is not None and x.shape == fast[0] and x.dtype is fast[1]:
+            _, dtype, seg, xv, h, y, y_flat, hist_dst, hist_src = fast
+            if dtype is _INT16:
+                seg[...] = x
+                np.matmul(xv, h, out=y)
+                hist_dst[...] = hist_src
+                np.rint(y_flat, out=y_flat)
+                np.maximum(y_flat, -32768.0, out=y_flat)
+                np.minimum(y_flat, 32767.0, out=y_flat)
+                out: NDArray[Any] = y_flat.astype(np.int16)
+                return out
+            np.multiply(x, _FLOAT_IN, out=seg)
+            np.maximum(seg, -_FLOAT_LIMIT * _FLOAT_IN, out=seg)
+            np.minimum(seg, _FLOAT_LIMIT * _FLOAT_IN, out=seg)
+            np.rint(seg, out=seg)
+            np.matmul(xv, h, out=y)
+            hist_dst[...] = hist_src
+            out = y_flat.astype(np.float32)
+            return out
+        return self._process_generic(x)
+
+    def _process_generic(self, x: NDArray[Any]) -> NDArray[Any]:
         if x.ndim != 1:
             raise ValueError("process expects a 1-D chunk")
         if x.dtype != np.int16 and x.dtype != np.float32:
             raise TypeError(f"process expects int16 or float32, got {x.dtype}")
-        self._dtype = x.dtype
+        dtype = _INT16 if x.dtype == np.int16 else _FLOAT32
+        self._dtype = dtype
+        self._fast = None
         n_new = len(x)
         if n_new == 0:
-            return np.empty(0, dtype=x.dtype)
+            return np.empty(0, dtype=dtype)
         self._started = True
+        if dtype is not self._mode:  # exact power-of-two change of unit for the history
+            self._buf *= _INT16_TO_FLOAT_UNITS if dtype is _FLOAT32 else 1 / _INT16_TO_FLOAT_UNITS
+            self._mode = dtype
         hist = self._hist_len
-        old = self._buf
-        if len(old) != hist + n_new:  # 20 ms frames keep one buffer and one window view
-            self._buf = np.empty(hist + n_new)
-            self._windows = self._window_view(n_new)
+        if len(self._buf) < hist + n_new:
+            self._grow(hist + n_new)
         buf = self._buf
-        buf[:hist] = old[len(old) - hist :]
-        seg = buf[hist:]
-        if x.dtype == np.int16:
-            np.multiply(x, _INT16_SHIFT, out=seg)
+        seg = buf[hist : hist + n_new]
+        if dtype is _INT16:
+            seg[...] = x
         else:
-            np.multiply(x, 2.0**_SAMPLE_BITS, out=seg)
-            np.clip(
-                seg, -_FLOAT_LIMIT * 2.0**_SAMPLE_BITS, _FLOAT_LIMIT * 2.0**_SAMPLE_BITS, out=seg
-            )
+            np.multiply(x, _FLOAT_IN, out=seg)
+            np.maximum(seg, -_FLOAT_LIMIT * _FLOAT_IN, out=seg)
+            np.minimum(seg, _FLOAT_LIMIT * _FLOAT_IN, out=seg)
             np.rint(seg, out=seg)
+        key = (n_new, self._n_in, self._n_out, dtype)
         y = self._run(n_new)
-        if x.dtype == np.int16:
-            y *= _OUT_INT16
+        buf[:hist] = buf[n_new : n_new + hist]
+        if key == self._last_key and key[1:3] == (self._n_in, self._n_out):
+            self._activate(n_new, dtype)  # same size, same phase state: a steady stream
+        self._last_key = key
+        if dtype is _INT16:
+            y *= _SCALE_INT16
             np.rint(y, out=y)
             np.maximum(y, -32768.0, out=y)
             np.minimum(y, 32767.0, out=y)
             return y.astype(np.int16)
-        y *= _OUT_FLOAT
+        y *= _SCALE_FLOAT
         return y.astype(np.float32)
 
+    def _grow(self, length: int) -> None:
+        """Reallocate the buffer (zero slack included), keeping the history."""
+        buf = np.zeros(length)
+        buf[: self._hist_len] = self._buf[: self._hist_len]
+        self._buf = buf
+        self._fast = None  # its views point into the old buffer
+
+    def _activate(self, n_new: int, dtype: np.dtype[Any]) -> None:
+        scale = _SCALE_INT16 if dtype is _INT16 else _SCALE_FLOAT
+        plan = _plan(self.in_rate, self.out_rate, n_new, self._n_in, self._n_out, scale)
+        if plan is None:
+            return
+        hist = self._hist_len
+        if len(self._buf) < plan.buf_len:
+            self._grow(plan.buf_len)
+        buf = self._buf
+        buf[hist + n_new :] = 0.0  # slack the plan reads (times zero) must hold finite values
+        xv = np.ndarray(
+            (plan.batches, 1, plan.span),
+            dtype=np.float64,
+            buffer=buf,
+            offset=8 * plan.start,
+            strides=(8 * plan.stride, 0, 8),
+        )
+        y = np.empty((plan.batches, 1, plan.h.shape[-1]))
+        self._fast = (
+            (n_new,),
+            dtype,
+            buf[hist : hist + n_new],
+            xv,
+            plan.h,
+            y,
+            y.reshape(-1),
+            buf[:hist],
+            buf[n_new : n_new + hist],
+        )
+
     def _run(self, n_new: int) -> NDArray[np.float64]:
+        """Raw (unscaled) outputs of the chunk at buf[hist : hist + n_new]; advances state."""
         d = self.design
         up, down = d.up, d.down
-        windows = self._windows
+        windows: NDArray[np.float64] = np.ndarray(
+            (n_new, d.taps_per_phase), dtype=np.float64, buffer=self._buf, strides=(8, 8)
+        )
         total = self._n_in + n_new
         k_end = -(-total * up // down)
         count = k_end - self._n_out
@@ -287,7 +432,7 @@ class Resampler:
             return np.empty(0, dtype=dtype)
         last = (self._n_in - 1) * d.up + d.numtaps - 1  # fine index of the last nonzero output
         remaining = last // d.down + 1 - self._n_out
-        tail: NDArray[Any] = self.process(np.zeros(d.taps_per_phase, dtype=dtype))[:remaining]
+        tail: NDArray[Any] = self._process_generic(np.zeros(d.taps_per_phase, dtype=dtype))
         self.reset()
         self._dtype = dtype
-        return tail
+        return tail[:remaining]
