@@ -53,12 +53,19 @@ class DelayEstimator:
         self._t0: float | None = None
         self._last_t = 0.0
         self._last_r: float | None = None
+        self._span = round(base_window_s / bucket_s)  # buckets in the base window
         # closed base buckets: (bucket index, t, r) of each bucket's minimum
         self._buckets: deque[tuple[int, float, float]] = deque()
-        self._bucket: tuple[int, float, float] | None = None
+        # the open bucket, as plain attributes (this runs for every packet)
+        self._b_idx = -1
+        self._b_t = 0.0
+        self._b_r = math.inf
         self._closed_min = math.inf  # min over closed buckets of r - slope * t
         self._secs: deque[tuple[float, float]] = deque()  # per-second minima (t, r)
-        self._sec: tuple[int, float, float, int] | None = None
+        self._s_idx = -1
+        self._s_t = 0.0
+        self._s_r = math.inf
+        self._s_n = 0
         self._sorted: list[float] = []
         self._fifo: deque[float] = deque()
 
@@ -87,12 +94,9 @@ class DelayEstimator:
         """The drift-corrected base relative transit at time `now_s` (seconds)."""
         if self._t0 is None:
             return 0.0
-        t = now_s - self._t0
-        m = self._closed_min
-        if self._bucket is not None:
-            _, bt, br = self._bucket
-            m = min(m, br - self.slope * bt)
-        return m + self.slope * t
+        slope = self.slope
+        m = min(self._closed_min, self._b_r - slope * self._b_t)
+        return m + slope * (now_s - self._t0)
 
     def typical_jitter_s(self) -> float:
         if not self._sorted:
@@ -103,56 +107,60 @@ class DelayEstimator:
         """Account one packet; returns its jitter sample (s)."""
         if self._t0 is None:
             self._t0 = arrival_s
-            self._last_t = 0.0
         t = arrival_s - self._t0
-        if self._last_r is not None:
-            self.jitter_s += (abs(r - self._last_r) - self.jitter_s) / 16.0
+        last_r = self._last_r
+        if last_r is not None:
+            self.jitter_s += (abs(r - last_r) - self.jitter_s) * 0.0625
         self._last_r = r
         # sliding minimum in buckets
-        b = math.floor(t / self.bucket_s)
-        cur = self._bucket
-        if cur is None:
-            self._bucket = (b, t, r)
-        elif b > cur[0]:
-            self._buckets.append(cur)
-            lo = b - round(self.base_window_s / self.bucket_s)
-            while self._buckets and self._buckets[0][0] < lo:
-                self._buckets.popleft()
-            self._bucket = (b, t, r)
-            self._recompute_closed()
-        elif r < cur[2]:
-            self._bucket = (cur[0], t, r)
+        b = int(t // self.bucket_s)
+        if b > self._b_idx:
+            if self._b_idx >= 0:
+                buckets = self._buckets
+                buckets.append((self._b_idx, self._b_t, self._b_r))
+                lo = b - self._span
+                while buckets and buckets[0][0] < lo:
+                    buckets.popleft()
+                self._recompute_closed()
+            self._b_idx, self._b_t, self._b_r = b, t, r
+        elif r < self._b_r:
+            self._b_t, self._b_r = t, r
         # per-second minima for the drift slope
-        sec = math.floor(t)
-        cs = self._sec
-        if cs is None:
-            self._sec = (sec, t, r, 1)
-        elif sec > cs[0]:
-            if cs[3] >= 10:  # sparse seconds (DTX) give biased minima
-                self._secs.append((cs[1], cs[2]))
-                while self._secs and self._secs[0][0] < t - self.slope_window_s:
-                    self._secs.popleft()
+        sec = int(t // 1.0)
+        if sec > self._s_idx:
+            if self._s_n >= 10:  # sparse seconds (DTX) give biased minima
+                secs = self._secs
+                secs.append((self._s_t, self._s_r))
+                while secs and secs[0][0] < t - self.slope_window_s:
+                    secs.popleft()
                 self._fit_slope()
-            self._sec = (sec, t, r, 1)
-        elif r < cs[2]:
-            self._sec = (cs[0], t, r, cs[3] + 1)
+            self._s_idx, self._s_t, self._s_r, self._s_n = sec, t, r, 1
         else:
-            self._sec = (cs[0], cs[1], cs[2], cs[3] + 1)
-        j = max(0.0, r - self.base_at(arrival_s)) + phase_s
+            self._s_n += 1
+            if r < self._s_r:
+                self._s_t, self._s_r = t, r
+        slope = self.slope
+        base = min(self._closed_min, self._b_r - slope * self._b_t) + slope * t
+        j = r - base
+        if j < 0.0:
+            j = 0.0
+        j += phase_s
         # quantile window
-        bisect.insort(self._sorted, j)
-        self._fifo.append(j)
-        if len(self._fifo) > self.window:
-            old = self._fifo.popleft()
-            k = bisect.bisect_left(self._sorted, old)
-            del self._sorted[k]
-        n = len(self._sorted)
-        q = self._sorted[min(n - 1, int(self.quantile * n))]
-        raw = min(self.max_delay_s, max(self.min_delay_s, q + self.margin_s))
-        dt = max(0.0, t - self._last_t)
-        self._last_t = max(self._last_t, t)
+        srt = self._sorted
+        bisect.insort(srt, j)
+        fifo = self._fifo
+        fifo.append(j)
+        if len(fifo) > self.window:
+            del srt[bisect.bisect_left(srt, fifo.popleft())]
+        n = len(srt)
+        q = srt[min(n - 1, int(self.quantile * n))] + self.margin_s
+        raw = self.min_delay_s if q < self.min_delay_s else min(q, self.max_delay_s)
         if raw >= self.target_s:
             self.target_s = raw
         else:
-            self.target_s = raw + (self.target_s - raw) * math.exp(-dt / self.release_tau_s)
+            dt = t - self._last_t
+            if dt > 0.0:
+                self.target_s = raw + (self.target_s - raw) * math.exp(-dt / self.release_tau_s)
+        if t > self._last_t:
+            self._last_t = t
         return j

@@ -80,6 +80,8 @@ _MAX_TIME_S = 1e9  # ~31 years: anything beyond is garbage
 
 
 def _finite(x: float, default: float) -> float:
+    if type(x) is float and -_MAX_TIME_S < x < _MAX_TIME_S:  # the common case, fast
+        return x
     try:
         v = float(x)
     except (TypeError, ValueError, OverflowError):
@@ -134,7 +136,7 @@ class JitterBuffer:
         self._hi_seq_raw = 0
         self._hi_ts_raw = 0
         self._hi_arrival = 0.0
-        self._seen: NDArray[np.int64] = np.full(_SEEN, -1, dtype=np.int64)
+        self._seen: list[int] = [-1] * _SEEN  # a list: scalar access is per packet
         self._missing: set[int] = set()
         # timeline
         self._started = False

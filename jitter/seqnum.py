@@ -50,8 +50,14 @@ class Unwrapper:
 
     def unwrap(self, value: int) -> int:
         """Unwrap and move the reference forward if this is the new highest."""
-        u = self.peek(value)
-        if self._highest is None or u > self._highest:
+        hi = self._highest
+        mask = self._mask
+        if hi is None:
+            self._highest = u = value & mask
+            return u
+        half = (mask >> 1) + 1
+        u = hi + (((value & mask) - hi + half) & mask) - half  # inline unwrap_near: hot path
+        if u > hi:
             self._highest = u
         return u
 
