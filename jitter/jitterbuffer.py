@@ -135,6 +135,7 @@ class JitterBuffer:
         self._hi_useq = -1
         self._hi_seq_raw = 0
         self._hi_ts_raw = 0
+        self._hi_t = 0  # timeline position of the highest-seq packet
         self._hi_arrival = 0.0
         self._seen: list[int] = [-1] * _SEEN  # a list: scalar access is per packet
         self._missing: set[int] = set()
@@ -150,6 +151,7 @@ class JitterBuffer:
         self._mode = "silence"  # what the last output sample was: audio | loss | silence
         self._tail_left = 0
         self._energy_ema = 0.0
+        self._frames_seen = 0
         self._last_now = 0.0
         self._last_arrival = 0.0
         self._cur_delay = 0.0
@@ -315,6 +317,14 @@ class JitterBuffer:
             ssrc = int(ssrc) & 0xFFFFFFFF
         n = 0 if pcm is None else pcm.size
         cap = self.capacity
+        if (
+            pcm is not None
+            and self._have_stream
+            and seq == (self._hi_seq_raw + 1) & 0xFFFF
+            and (ssrc is None or self._ssrc is None or ssrc == self._ssrc)
+            and self._ingest_next(seq, ts, pcm, arrival, marker, ssrc)
+        ):
+            return
         if not self._have_stream:
             self._new_stream(seq, ts, arrival, ssrc, first=True)
         else:
@@ -356,6 +366,7 @@ class JitterBuffer:
             self._hi_useq = useq
             self._hi_seq_raw = seq
             self._hi_ts_raw = ts
+            self._hi_t = t
             self._hi_arrival = arrival
         elif useq in self._missing:
             self._missing.discard(useq)
@@ -378,15 +389,59 @@ class JitterBuffer:
             return
         if t + n > ref + cap:
             return  # cannot be stored (only reachable for garbage)
+        self._store(t, pcm, useq, marker, ref)
+
+    def _store(self, t: int, pcm: NDArray[np.int16], useq: int, marker: bool, ref: int) -> None:
         self._write(t, pcm, useq)
         if marker:
             self._markers.add(t)
             if len(self._markers) > 256:
                 self._markers = {m for m in self._markers if m >= ref}
-        if t + n > self._max_end:
-            self._max_end = t + n
-        if not started and (self._start_t is None or t < self._start_t):
+        end = t + pcm.size
+        if end > self._max_end:
+            self._max_end = end
+        if not self._started and (self._start_t is None or t < self._start_t):
             self._start_t = t
+
+    def _ingest_next(
+        self,
+        seq: int,
+        ts: int,
+        pcm: NDArray[np.int16],
+        arrival: float,
+        marker: bool,
+        ssrc: int | None,
+    ) -> bool:
+        """The common case, cheaply: the next packet of the stream, in order, on time.
+
+        Returns False (having changed nothing) when it is not that case, and
+        `_ingest`'s general path decides.
+        """
+        rate = self.clock_rate
+        dts = (ts - self._hi_ts_raw) & 0xFFFFFFFF
+        if dts >= 0x80000000 or abs(dts / rate - (arrival - self._hi_arrival)) > 1.0:
+            return False
+        t = self._hi_t + dts
+        n = pcm.size
+        started = self._started
+        ref = self._cursor if started else self._floor
+        if t < ref or t + n > ref + self.capacity:
+            return False
+        useq = self._hi_useq + 1
+        self._seq_uw.note(useq - self._seq_off)
+        self._ts_uw.note(t - self._ts_off)
+        self._seen[useq & _SEEN_MASK] = useq
+        self._hi_useq = useq
+        self._hi_seq_raw = seq
+        self._hi_ts_raw = ts
+        self._hi_t = t
+        self._hi_arrival = arrival
+        if ssrc is not None:
+            self._ssrc = ssrc
+        phase = ((t - self._cursor) % self.frame_samples) / rate if started else 0.0
+        self._est.update(arrival, arrival - t / rate, phase)
+        self._store(t, pcm, useq, marker, ref)
+        return True
 
     def _new_stream(self, seq: int, ts: int, arrival: float, ssrc: int | None, first: bool) -> None:
         self._seq_uw.reset()
@@ -550,11 +605,16 @@ class JitterBuffer:
             return self._produce(c)
         # continuous speech at the cursor
         frame = self._get(self._pcm, c, f)
-        e = self._energy(frame)
-        ema = self._energy_ema
-        self._energy_ema = e if ema <= 0.0 else 0.95 * ema + 0.05 * e
-        low = e <= 0.5 * ema
-        below_avg = e <= ema
+        low = below_avg = False
+        self._frames_seen += 1
+        if hi > frame_s + 0.002 or hi < 0.0 or not self._frames_seen & 3:
+            # Energy only matters when the delay may be adapted; the running
+            # average is refreshed every 4th frame in between (it is cheap, not free).
+            e = self._energy(frame)
+            ema = self._energy_ema
+            self._energy_ema = e if ema <= 0.0 else 0.8 * ema + 0.2 * e
+            low = e <= 0.5 * ema
+            below_avg = e <= ema
         if c in self._markers and hi < -0.002:
             self._markers.discard(c)
             self._comfort += 1

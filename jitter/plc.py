@@ -26,6 +26,7 @@ lengths scale with it.
 from __future__ import annotations
 
 import math
+from collections import deque
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
@@ -58,6 +59,10 @@ class Concealer:
         need = max(3 * self.pitch_max + 3 + self.pitch_max // 4, self.corr_len + self.pitch_max)
         self.history_len = max(round(0.04875 * clock_rate), need)
         self._hist: NDArray[np.float64] = np.zeros(self.history_len)
+        # Good frames not yet folded into _hist: most frames are never concealed, so the
+        # float history is only rebuilt when an erasure needs it (a per-frame saving).
+        self._pending: deque[NDArray[np.int16]] = deque()
+        self._pending_n = 0
         self._active = False  # synthesising (erasure or stretch in progress)
         self._attenuate = False
         self._pos = 0  # samples synthesised since the erasure started
@@ -73,8 +78,16 @@ class Concealer:
         """The pitch period (samples) used by the current/last concealment."""
         return self._pitch
 
+    def _sync(self) -> None:
+        if self._pending:
+            x = np.concatenate(self._pending).astype(np.float64)
+            self._pending.clear()
+            self._pending_n = 0
+            self._remember(x)
+
     def estimate_pitch(self) -> int:
         """Pitch period in samples from the history (normalised cross-correlation)."""
+        self._sync()
         h = self._hist
         n = self.history_len
         length = self.corr_len
@@ -105,6 +118,7 @@ class Concealer:
     def _start(self, attenuate: bool) -> None:
         p = self.estimate_pitch()
         q = max(1, p // 4)
+        self._sync()
         h = self._hist
         n = self.history_len
         loops = []
@@ -128,6 +142,7 @@ class Concealer:
 
     def _refine_lag(self, lag: int, spread: int) -> int:
         """Best integer lag near `lag` (k pitch periods of a non-integer pitch)."""
+        self._sync()
         h = self._hist
         n = self.history_len
         length = min(self.corr_len, n - lag - spread - self._quarter)
@@ -164,6 +179,7 @@ class Concealer:
         return s
 
     def _remember(self, x: NDArray[np.float64]) -> None:
+        self._sync()
         n = x.size
         h = self._hist
         if n >= h.size:
@@ -177,7 +193,11 @@ class Concealer:
     def good(self, frame: NDArray[np.int16], blend: bool = True) -> NDArray[np.int16]:
         """A received frame: returned (cross-faded after an erasure) and added to history."""
         if not self._active and frame.size:
-            self._remember(frame.astype(np.float64))
+            pending = self._pending
+            pending.append(frame.copy())
+            self._pending_n += frame.size
+            while self._pending_n - pending[0].size >= self.history_len:
+                self._pending_n -= pending.popleft().size
             return frame
         x = frame.astype(np.float64)
         if self._active and blend and x.size:

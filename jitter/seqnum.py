@@ -61,5 +61,10 @@ class Unwrapper:
             self._highest = u
         return u
 
+    def note(self, unwrapped: int) -> None:
+        """Record a value the caller unwrapped itself (a fast path), keeping the reference."""
+        if self._highest is None or unwrapped > self._highest:
+            self._highest = unwrapped
+
     def reset(self) -> None:
         self._highest = None
