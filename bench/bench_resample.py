@@ -113,7 +113,7 @@ def plot_resamplers(res: dict[str, Any], out: Path, plt: Any) -> list[str]:
         axes[0].plot(pairs, delays, marker="o", label=name, **style)
         axes[1].plot(pairs, rej, marker="o", label=name, **style)
     axes[0].set_ylabel("latency added, ms (signal delay + withheld)")
-    axes[0].set_yscale("log")
+    axes[0].set_yscale("symlog", linthresh=1.0)
     axes[0].axhline(3.0, color="r", ls="--", lw=0.8)
     axes[1].set_ylabel("image/alias rejection above 4 kHz, dB")
     axes[1].axhline(60.0, color="r", ls="--", lw=0.8)
