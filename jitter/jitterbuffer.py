@@ -41,16 +41,15 @@ import itertools
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
 
+from jitter.cng import ComfortNoise
 from jitter.delay import DelayEstimator
 from jitter.plc import Concealer
+from jitter.ring import SampleRing
 from jitter.seqnum import SEQ_BITS, TS_BITS, Unwrapper, wrapped_diff
-
-_G = TypeVar("_G", bound=np.generic)
 
 _SEEN = 4096  # sequence-number window for duplicate detection
 _SEEN_MASK = _SEEN - 1
@@ -115,16 +114,11 @@ class JitterBuffer:
         cap = max(int(capacity_s * clock_rate), 8 * f, int(4 * max_delay_ms * clock_rate / 1000))
         self.capacity = cap
         self._max_pkt = cap // 4
-        self._pcm: NDArray[np.int16] = np.zeros(cap, dtype=np.int16)
-        self._valid: NDArray[np.bool_] = np.zeros(cap, dtype=bool)
-        self._seqr: NDArray[np.int64] = np.zeros(cap, dtype=np.int64)
+        self._ring = SampleRing(cap)
         self._est = DelayEstimator(min_delay_ms / 1000.0, max_delay_ms / 1000.0, quantile=quantile)
         self._plc = Concealer(clock_rate)
         self._xfade = max(1, round(0.003 * clock_rate))
-        rng = np.random.default_rng(0x5EED)
-        self._noise: NDArray[np.float64] = rng.standard_normal(clock_rate)
-        self._noise_pos = 0
-        self._cn_amp = 0.0  # digital silence until a CN packet sets a level
+        self._cng = ComfortNoise(clock_rate)
         # stream / sequence state
         self._have_stream = False
         self._ssrc: int | None = None
@@ -210,58 +204,8 @@ class JitterBuffer:
             jitter_ms=1000.0 * self._est.jitter_s,
         )
 
-    # -- ring helpers ----------------------------------------------------------------------
-
-    def _get(self, arr: NDArray[_G], p: int, n: int) -> NDArray[_G]:
-        cap = self.capacity
-        i = p % cap
-        j = i + n
-        if j <= cap:
-            return arr[i:j]
-        return np.concatenate((arr[i:], arr[: j - cap]))
-
-    def _write(self, p: int, pcm: NDArray[np.int16], useq: int) -> None:
-        cap = self.capacity
-        n = pcm.size
-        i = p % cap
-        j = i + n
-        if j <= cap:
-            self._pcm[i:j] = pcm
-            self._valid[i:j] = True
-            self._seqr[i:j] = useq
-        else:
-            k = cap - i
-            self._pcm[i:] = pcm[:k]
-            self._pcm[: j - cap] = pcm[k:]
-            self._valid[i:] = True
-            self._valid[: j - cap] = True
-            self._seqr[i:] = useq
-            self._seqr[: j - cap] = useq
-
-    def _clear(self, p: int, n: int) -> None:
-        cap = self.capacity
-        if n <= 0:
-            return
-        if n >= cap:
-            self._valid[:] = False
-            return
-        i = p % cap
-        j = i + n
-        if j <= cap:
-            self._valid[i:j] = False
-        else:
-            self._valid[i:] = False
-            self._valid[: j - cap] = False
-
     def _next_valid(self, p: int) -> int | None:
-        length = min(self._max_end - p, self.capacity)
-        if length <= 0:
-            return None
-        m = self._get(self._valid, p, length)
-        k = int(np.argmax(m))
-        if not m[k]:
-            return None
-        return p + k
+        return self._ring.first_valid(p, self._max_end)
 
     # -- push ------------------------------------------------------------------------------
 
@@ -377,8 +321,7 @@ class JitterBuffer:
         phase = ((t - self._cursor) % self.frame_samples) / rate if started else 0.0
         self._est.update(arrival, arrival - t / rate, phase)
         if pcm is None:
-            lvl = min(127, max(0, cn_level if cn_level is not None else 127))
-            self._cn_amp = 32767.0 * 10.0 ** (-lvl / 20.0)
+            self._cng.set_level_dbov(127 if cn_level is None else cn_level)
             if t >= ref:
                 self._cn_events.append((t, useq))
                 if len(self._cn_events) > 256:
@@ -392,7 +335,7 @@ class JitterBuffer:
         self._store(t, pcm, useq, marker, ref)
 
     def _store(self, t: int, pcm: NDArray[np.int16], useq: int, marker: bool, ref: int) -> None:
-        self._write(t, pcm, useq)
+        self._ring.write(t, pcm, useq)
         if marker:
             self._markers.add(t)
             if len(self._markers) > 256:
@@ -457,7 +400,7 @@ class JitterBuffer:
             lo = max(self._max_end, ref)
             if lo + self._max_pkt > ref + cap - self.frame_samples:
                 # Nowhere to put the new stream: forget what is buffered.
-                self._valid[:] = False
+                self._ring.valid[:] = False
                 self._max_end = ref
                 self._start_t = None
                 lo = ref
@@ -479,22 +422,8 @@ class JitterBuffer:
 
     # -- pop -------------------------------------------------------------------------------
 
-    def _cn_signal(self, n: int) -> NDArray[np.float64]:
-        if self._cn_amp <= 0.0:
-            return np.zeros(n)
-        size = self._noise.size
-        i = self._noise_pos
-        j = i + n
-        if j <= size:
-            x = self._noise[i:j]
-            self._noise_pos = j % size
-        else:
-            x = np.concatenate((self._noise[i:], self._noise[: j % size]))
-            self._noise_pos = j % size
-        return x * self._cn_amp
-
     def _silence_fill(self, n: int) -> NDArray[np.int16]:
-        cn = self._cn_signal(n)
+        cn = self._cng.generate(n)
         if self._mode != "silence":
             self._tail_left = self.frame_samples if self._mode == "audio" else 0
             if self._tail_left == 0:
@@ -519,7 +448,7 @@ class JitterBuffer:
         lp = self._last_played_seq
         if lp is None:
             return False
-        upper = int(self._seqr[nxt % self.capacity]) if nxt is not None else self._hi_useq + 1
+        upper = int(self._ring.seq[nxt % self.capacity]) if nxt is not None else self._hi_useq + 1
         upper = min(upper, lp + 64)
         seen = self._seen
         return any(seen[s & _SEEN_MASK] != s for s in range(lp + 1, upper))
@@ -564,13 +493,13 @@ class JitterBuffer:
             new_c = max(c, min(want, self._max_end - f))
             skipped = new_c - c
             if skipped > 0:
-                self._clear(c, skipped)
+                self._ring.clear(c, skipped)
                 self._dropped += skipped // f
                 c = self._cursor = new_c
                 cur = now - (c / rate + base)
                 hi = cur - target
         i = c % self.capacity
-        valid = self._valid
+        valid = self._ring.valid
         if not valid[i]:
             nxt = self._next_valid(c)
             loss = self._hole_is_loss(nxt)
@@ -581,7 +510,7 @@ class JitterBuffer:
                 # Silence with nothing buffered: keep the (virtual) cursor one frame
                 # behind the target position so a slightly late talkspurt start still fits.
                 if want - f > c:
-                    self._clear(c, want - f - c)
+                    self._ring.clear(c, want - f - c)
                     self._cursor = want - f
                 self._comfort += 1
                 self._pts = None
@@ -594,17 +523,17 @@ class JitterBuffer:
                     return self._silence_fill(f)
                 start = c
             if start > c:
-                self._clear(c, start - c)
+                self._ring.clear(c, start - c)
                 self._cursor = start
             return self._produce(start)
         if i + f <= self.capacity:
             full = bool(valid[i : i + f].all())
         else:
-            full = bool(self._get(valid, c, f).all())
+            full = bool(self._ring.view(valid, c, f).all())
         if not full:
             return self._produce(c)
         # continuous speech at the cursor
-        frame = self._get(self._pcm, c, f)
+        frame = self._ring.view(self._ring.pcm, c, f)
         low = below_avg = False
         self._frames_seen += 1
         if hi > frame_s + 0.002 or hi < 0.0 or not self._frames_seen & 3:
@@ -630,16 +559,16 @@ class JitterBuffer:
             if j + f <= self.capacity:
                 full2 = bool(valid[j : j + f].all())
             else:
-                full2 = bool(self._get(valid, c2, f).all())
+                full2 = bool(self._ring.view(valid, c2, f).all())
             if full2:
-                b = self._get(self._pcm, c2, f).astype(np.float64)
+                b = self._ring.view(self._ring.pcm, c2, f).astype(np.float64)
                 x = self._xfade
                 w = (np.arange(x) + 0.5) / x
                 b[:x] = frame[:x] * (1.0 - w) + b[:x] * w
                 out = self._plc.good(np.clip(np.rint(b), -32768, 32767).astype(np.int16))
-                self._clear(c, 2 * f)
+                self._ring.clear(c, 2 * f)
                 self._cursor = c + 2 * f
-                self._last_played_seq = int(self._seqr[(c + 2 * f - 1) % self.capacity])
+                self._last_played_seq = int(self._ring.seq[(c + 2 * f - 1) % self.capacity])
                 self._pts = c2 - self._ts_off
                 self._dropped += 1
                 self._mode = "audio"
@@ -653,9 +582,9 @@ class JitterBuffer:
         if not blend:
             self._plc.end_erasure()
         out = self._plc.good(frame.copy(), blend=blend)
-        self._clear(c, f)
+        self._ring.clear(c, f)
         self._cursor = c + f
-        self._last_played_seq = int(self._seqr[(c + f - 1) % self.capacity])
+        self._last_played_seq = int(self._ring.seq[(c + f - 1) % self.capacity])
         self._pts = c - self._ts_off
         self._mode = "audio"
         return out
@@ -663,9 +592,9 @@ class JitterBuffer:
     def _produce(self, p: int) -> NDArray[np.int16]:
         """General frame at p: runs of buffered audio, concealment and silence."""
         f = self.frame_samples
-        mask = self._get(self._valid, p, f).copy()
-        data = self._get(self._pcm, p, f).copy()
-        seqs = self._get(self._seqr, p, f).copy()
+        mask = self._ring.view(self._ring.valid, p, f).copy()
+        data = self._ring.view(self._ring.pcm, p, f).copy()
+        seqs = self._ring.view(self._ring.seq, p, f).copy()
         out = np.empty(f, dtype=np.int16)
         edges = [0, *(np.flatnonzero(mask[1:] != mask[:-1]) + 1).tolist(), f]
         any_loss = any_sil = False
@@ -686,7 +615,7 @@ class JitterBuffer:
                 else:
                     out[a:b] = self._silence_fill(b - a)
                     any_sil = True
-        self._clear(p, f)
+        self._ring.clear(p, f)
         self._cursor = p + f
         self._pts = p - self._ts_off
         if any_loss:
