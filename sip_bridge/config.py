@@ -1,0 +1,295 @@
+"""The bridge's configuration file (TOML): typed, validated, with errors that say where.
+
+An operator edits `config/bridge.toml` by hand, so every mistake is reported
+with the file, the line, the key and what is allowed; unknown keys are errors
+(a typo must not silently fall back to a default).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "AgentConfig",
+    "BridgeConfig",
+    "ConfigError",
+    "JitterConfig",
+    "RtpConfig",
+    "SipConfig",
+    "TimersConfig",
+    "load_config",
+    "parse_hostport",
+    "parse_port_range",
+]
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, located: `file:line: key: message`."""
+
+    def __init__(self, path: str, line: int | None, key: str, message: str) -> None:
+        self.path, self.line, self.key = path, line, key
+        where = f"{path}:{line}" if line else path
+        super().__init__(f"{where}: {key}: {message}")
+
+
+@dataclass(frozen=True)
+class TimersConfig:
+    t1: float = 0.5
+    t2: float = 4.0
+    t4: float = 5.0
+
+
+@dataclass(frozen=True)
+class SipConfig:
+    listen: str = "127.0.0.1:5060"
+    transports: tuple[str, ...] = ("udp", "tcp")
+    external_address: str = ""
+    max_calls: int = 100
+    retry_after_s: int = 5
+    user_agent: str = "sip-bridge"
+    timers: TimersConfig = field(default_factory=TimersConfig)
+
+    @property
+    def listen_host(self) -> str:
+        return parse_hostport(self.listen)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return parse_hostport(self.listen)[1]
+
+    @property
+    def advertised_host(self) -> str:
+        """What goes into Contact/Via/SDP: the external address, else the listen host."""
+        return self.external_address or self.listen_host
+
+
+@dataclass(frozen=True)
+class RtpConfig:
+    ports: str = "20000-20999"
+    symmetric: str = "auto"
+
+    @property
+    def port_range(self) -> tuple[int, int]:
+        return parse_port_range(self.ports)
+
+
+@dataclass(frozen=True)
+class JitterConfig:
+    min_delay_ms: int = 20
+    max_delay_ms: int = 200
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str = "echo"
+    echo_delay_s: float = 0.5
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    sip: SipConfig = field(default_factory=SipConfig)
+    rtp: RtpConfig = field(default_factory=RtpConfig)
+    jitter: JitterConfig = field(default_factory=JitterConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    path: str = "<defaults>"
+
+    def with_overrides(
+        self,
+        *,
+        listen: str | None = None,
+        agent: str | None = None,
+        rtp_ports: str | None = None,
+        max_calls: int | None = None,
+    ) -> BridgeConfig:
+        """Command-line overrides, validated like the file ("<command line>" in errors)."""
+        cfg = self
+        where = "<command line>"
+        if listen is not None:
+            _check_hostport(listen, where, None, "--listen")
+            cfg = replace(cfg, sip=replace(cfg.sip, listen=listen))
+        if agent is not None:
+            _check_choice(agent, AGENTS, where, None, "--agent")
+            cfg = replace(cfg, agent=replace(cfg.agent, name=agent))
+        if rtp_ports is not None:
+            _check_port_range(rtp_ports, where, None, "--rtp-ports")
+            cfg = replace(cfg, rtp=replace(cfg.rtp, ports=rtp_ports))
+        if max_calls is not None:
+            if max_calls < 0:
+                raise ConfigError(where, None, "--max-calls", "must be >= 0")
+            cfg = replace(cfg, sip=replace(cfg.sip, max_calls=max_calls))
+        return cfg
+
+
+AGENTS = ("echo",)
+TRANSPORTS = ("udp", "tcp")
+SYMMETRIC = ("off", "auto", "on")
+
+# section -> key -> expected python type(s)
+_SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
+    "sip": {
+        "listen": (str,),
+        "transports": (list,),
+        "external_address": (str,),
+        "max_calls": (int,),
+        "retry_after_s": (int,),
+        "user_agent": (str,),
+        "timers": (dict,),
+    },
+    "sip.timers": {"t1": (int, float), "t2": (int, float), "t4": (int, float)},
+    "rtp": {"ports": (str,), "symmetric": (str,)},
+    "jitter": {"min_delay_ms": (int,), "max_delay_ms": (int,)},
+    "agent": {"name": (str,), "echo": (dict,)},
+    "agent.echo": {"delay_s": (int, float)},
+}
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    """ "host:port" or "[v6]:port" -> (host, port); ValueError when it is neither."""
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([^:\[\]]+):(\d{1,5})", value.strip())
+    if not m:
+        raise ValueError(f"expected HOST:PORT or [IPV6]:PORT, got {value!r}")
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 0 < port < 65536:
+        raise ValueError(f"port {port} out of range 1-65535")
+    if m.group(1):
+        ipaddress.IPv6Address(host)
+    return host, port
+
+
+def parse_port_range(value: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", value)
+    if not m:
+        raise ValueError(f"expected LOW-HIGH, got {value!r}")
+    low, high = int(m.group(1)), int(m.group(2))
+    if not 1024 <= low < high <= 65535 or high - low < 2:
+        raise ValueError(f"need 1024 <= LOW < HIGH <= 65535 with room for a call, got {value!r}")
+    return low, high
+
+
+def _line_of(text: str, section: str, key: str | None) -> int | None:
+    """Line number of `key` inside `[section]` (or of the section header), for messages."""
+    current = ""
+    section_line = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        header = re.fullmatch(r"\[\s*([^\]]+?)\s*\]", line)
+        if header:
+            current = header.group(1).replace(" ", "")
+            if current == section:
+                section_line = n
+            continue
+        if key is not None and current == section and re.match(rf"{re.escape(key)}\s*=", line):
+            return n
+    return section_line
+
+
+def _check_hostport(v: str, path: str, line: int | None, key: str) -> None:
+    try:
+        parse_hostport(v)
+    except ValueError as exc:
+        raise ConfigError(path, line, key, str(exc)) from None
+
+
+def _check_port_range(v: str, path: str, line: int | None, key: str) -> None:
+    try:
+        parse_port_range(v)
+    except ValueError as exc:
+        raise ConfigError(path, line, key, str(exc)) from None
+
+
+def _check_choice(v: str, allowed: tuple[str, ...], path: str, line: int | None, key: str) -> None:
+    if v not in allowed:
+        raise ConfigError(path, line, key, f"{v!r} is not one of {', '.join(allowed)}")
+
+
+def _walk(data: dict[str, Any], text: str, path: str) -> None:
+    """Unknown sections/keys and wrong types, with the line they are on."""
+    for name, value in data.items():
+        if name not in _SCHEMA:
+            raise ConfigError(
+                path, _line_of(text, name, None), name,
+                f"unknown section; known: {', '.join(s for s in _SCHEMA if '.' not in s)}",
+            )  # fmt: skip
+        _walk_section(name, value, text, path)
+
+
+def _walk_section(section: str, value: Any, text: str, path: str) -> None:
+    if not isinstance(value, dict):
+        raise ConfigError(path, _line_of(text, "", section), section, "must be a [table]")
+    schema = _SCHEMA[section]
+    for key, v in value.items():
+        line = _line_of(text, section, key)
+        dotted = f"{section}.{key}"
+        if key not in schema:
+            raise ConfigError(
+                path, line, dotted, f"unknown key; allowed: {', '.join(sorted(schema))}"
+            )
+        types = schema[key]
+        if isinstance(v, bool) or not isinstance(v, types):
+            want = " or ".join("table" if t is dict else t.__name__ for t in types)
+            raise ConfigError(path, line, dotted, f"expected {want}, got {v!r}")
+        if isinstance(v, dict):
+            _walk_section(dotted, v, text, path)
+
+
+def load_config(path: str | Path | None = None) -> BridgeConfig:
+    """Read and validate a bridge.toml; None gives the built-in defaults."""
+    if path is None:
+        return BridgeConfig()
+    p = str(path)
+    try:
+        text = Path(p).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(p, None, "file", f"cannot read: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        m = re.search(r"line (\d+)", str(exc))
+        raise ConfigError(p, int(m.group(1)) if m else None, "syntax", str(exc)) from None
+    _walk(data, text, p)
+    return _build(data, text, p)
+
+
+def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
+    sip = dict(data.get("sip", {}))
+    timers = TimersConfig(**sip.pop("timers", {}))
+    for k in ("t1", "t2", "t4"):
+        if getattr(timers, k) <= 0:
+            raise ConfigError(p, _line_of(text, "sip.timers", k), f"sip.timers.{k}", "must be > 0")
+    if "transports" in sip:
+        for t in sip["transports"]:
+            _check_choice(t, TRANSPORTS, p, _line_of(text, "sip", "transports"), "sip.transports")
+        sip["transports"] = tuple(sip["transports"])
+    sip_cfg = SipConfig(timers=timers, **sip)
+    _check_hostport(sip_cfg.listen, p, _line_of(text, "sip", "listen"), "sip.listen")
+    if sip_cfg.external_address in ("0.0.0.0", "::"):
+        raise ConfigError(
+            p, _line_of(text, "sip", "external_address"), "sip.external_address",
+            "must be an address peers can reach, not a wildcard",
+        )  # fmt: skip
+    if sip_cfg.max_calls < 0:
+        raise ConfigError(p, _line_of(text, "sip", "max_calls"), "sip.max_calls", "must be >= 0")
+    rtp = RtpConfig(**data.get("rtp", {}))
+    _check_port_range(rtp.ports, p, _line_of(text, "rtp", "ports"), "rtp.ports")
+    _check_choice(rtp.symmetric, SYMMETRIC, p, _line_of(text, "rtp", "symmetric"), "rtp.symmetric")
+    jitter = JitterConfig(**data.get("jitter", {}))
+    if not 0 <= jitter.min_delay_ms <= jitter.max_delay_ms <= 1000:
+        raise ConfigError(
+            p, _line_of(text, "jitter", "max_delay_ms"), "jitter",
+            "need 0 <= min_delay_ms <= max_delay_ms <= 1000",
+        )  # fmt: skip
+    agent = dict(data.get("agent", {}))
+    echo = agent.pop("echo", {})
+    agent_cfg = AgentConfig(echo_delay_s=float(echo.get("delay_s", 0.5)), **agent)
+    _check_choice(agent_cfg.name, AGENTS, p, _line_of(text, "agent", "name"), "agent.name")
+    if not 0 <= agent_cfg.echo_delay_s <= 10:
+        raise ConfigError(
+            p, _line_of(text, "agent.echo", "delay_s"), "agent.echo.delay_s", "must be 0..10 s"
+        )
+    return BridgeConfig(sip=sip_cfg, rtp=rtp, jitter=jitter, agent=agent_cfg, path=p)

@@ -1,0 +1,77 @@
+"""The operator's file: defaults load, and every mistake names file, line and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sip_bridge.config import BridgeConfig, ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_shipped_default_is_valid_and_equals_the_built_in_defaults() -> None:
+    cfg = load_config(ROOT / "config" / "bridge.toml")
+    builtin = BridgeConfig()
+    assert cfg.sip == builtin.sip
+    assert cfg.rtp == builtin.rtp
+    assert cfg.jitter == builtin.jitter
+    assert cfg.agent == builtin.agent
+    assert cfg.sip.listen_port == 5060
+    assert cfg.rtp.port_range == (20000, 20999)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "bridge.toml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key", "words"),
+    [
+        ('[sip]\nlisten = "127.0.0.1:5060"\nmax_call = 3\n', 3, "sip.max_call", "unknown key"),
+        ("[sipp]\nlisten = 1\n", 1, "sipp", "unknown section"),
+        ('[sip]\n\nmax_calls = "ten"\n', 3, "sip.max_calls", "expected int"),
+        ('[sip]\nlisten = "localhost"\n', 2, "sip.listen", "HOST:PORT"),
+        ('[sip]\nlisten = "127.0.0.1:70000"\n', 2, "sip.listen", "out of range"),
+        ('[sip]\ntransports = ["udp", "sctp"]\n', 2, "sip.transports", "not one of udp, tcp"),
+        ('[sip]\nexternal_address = "0.0.0.0"\n', 2, "sip.external_address", "wildcard"),
+        ("[sip.timers]\nt1 = 0\n", 2, "sip.timers.t1", "> 0"),
+        ('[rtp]\nports = "30000-20000"\n', 2, "rtp.ports", "LOW < HIGH"),
+        ('[rtp]\nsymmetric = "maybe"\n', 2, "rtp.symmetric", "off, auto, on"),
+        ('[agent]\nname = "eliza"\n', 2, "agent.name", "not one of echo"),
+        ("[agent.echo]\ndelay_s = 99\n", 2, "agent.echo.delay_s", "0..10"),
+        ("[sip\nlisten=1\n", 1, "syntax", ""),
+    ],
+)
+def test_errors_name_file_line_and_key(
+    tmp_path: Path, text: str, line: int, key: str, words: str
+) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path)
+    e = err.value
+    assert (e.path, e.line, e.key) == (str(path), line, key)
+    assert str(e).startswith(f"{path}:{line}: {key}: ")
+    assert words in str(e)
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "nope.toml")
+
+
+def test_command_line_overrides_are_validated() -> None:
+    cfg = BridgeConfig().with_overrides(
+        listen="[::1]:5070", agent="echo", rtp_ports="40000-40100", max_calls=2
+    )
+    assert (cfg.sip.listen_host, cfg.sip.listen_port) == ("::1", 5070)
+    assert cfg.sip.advertised_host == "::1"
+    assert cfg.rtp.port_range == (40000, 40100)
+    assert cfg.sip.max_calls == 2
+    with pytest.raises(ConfigError, match="--rtp-ports"):
+        BridgeConfig().with_overrides(rtp_ports="5-6")
+    with pytest.raises(ConfigError, match="--agent"):
+        BridgeConfig().with_overrides(agent="nobody")
