@@ -52,6 +52,8 @@ class SipConfig:
     max_calls: int = 100
     retry_after_s: int = 5
     user_agent: str = "sip-bridge"
+    answer_after_s: float = 0.0  # ring this long (180 Ringing) before answering
+    max_call_s: float = 0.0  # hang up (BYE) after this long; 0 = no limit
     timers: TimersConfig = field(default_factory=TimersConfig)
 
     @property
@@ -138,6 +140,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "max_calls": (int,),
         "retry_after_s": (int,),
         "user_agent": (str,),
+        "answer_after_s": (int, float),
+        "max_call_s": (int, float),
         "timers": (dict,),
     },
     "sip.timers": {"t1": (int, float), "t2": (int, float), "t4": (int, float)},
@@ -275,6 +279,11 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         )  # fmt: skip
     if sip_cfg.max_calls < 0:
         raise ConfigError(p, _line_of(text, "sip", "max_calls"), "sip.max_calls", "must be >= 0")
+    if not 0 <= sip_cfg.answer_after_s <= 60:
+        key = "answer_after_s"
+        raise ConfigError(p, _line_of(text, "sip", key), f"sip.{key}", "must be 0..60 s")
+    if sip_cfg.max_call_s < 0:
+        raise ConfigError(p, _line_of(text, "sip", "max_call_s"), "sip.max_call_s", "must be >= 0")
     rtp = RtpConfig(**data.get("rtp", {}))
     _check_port_range(rtp.ports, p, _line_of(text, "rtp", "ports"), "rtp.ports")
     _check_choice(rtp.symmetric, SYMMETRIC, p, _line_of(text, "rtp", "symmetric"), "rtp.symmetric")

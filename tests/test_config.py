@@ -43,6 +43,8 @@ def _write(tmp_path: Path, text: str) -> Path:
         ('[rtp]\nsymmetric = "maybe"\n', 2, "rtp.symmetric", "off, auto, on"),
         ('[agent]\nname = "eliza"\n', 2, "agent.name", "not one of echo"),
         ("[agent.echo]\ndelay_s = 99\n", 2, "agent.echo.delay_s", "0..10"),
+        ("[sip]\nanswer_after_s = 61\n", 2, "sip.answer_after_s", "0..60"),
+        ("[sip]\nmax_call_s = -1\n", 2, "sip.max_call_s", ">= 0"),
         ("[sip\nlisten=1\n", 1, "syntax", ""),
     ],
 )
