@@ -1,0 +1,565 @@
+"""The bridge's SIP user agent (UAS side of calls), sans-I/O.
+
+Bytes (or parsed messages), a source address and ``now`` go in; :class:`Send` actions and
+call events come out.  Transactions (retransmissions, timers A..M) are the
+:class:`~sip_bridge.transaction.TransactionLayer`'s job; dialogs are
+:class:`~sip_bridge.dialog.Dialog`'s; offer/answer is :mod:`sip_bridge.offer_answer`'s.
+The app sees only calls: :class:`CallOffered` -> ``answer()``/``reject()`` ->
+:class:`CallEstablished` ... :class:`CallEnded`.  Every :class:`CallOffered` ends in exactly
+one :class:`CallEnded`; app commands on a call that has ended are no-ops (a CANCEL may
+race the app's ``answer``).
+
+Choices made here:
+
+- An INVITE whose SDP we cannot parse (400), cannot serve (488 + Warning) or whose body
+  is not SDP (415) is refused at once, before any :class:`CallOffered`: the app never
+  allocates an RTP port for a call that cannot work.
+- An offered call the app does not answer within ``answer_timeout_s`` gets 480 and
+  ``CallEnded(by="timeout")``: server transactions have no timer of their own, so this
+  bounds state against callers (or scanners) nobody answers.
+- ``hangup()`` reports ``CallEnded(by="local")`` at once (media can stop now); the BYE
+  transaction finishes in the background.  Before the ACK of our 2xx the BYE waits for
+  that ACK or Timer L (RFC 3261 section 15).  Hanging up an unanswered call answers 480.
+- In-dialog requests go to the next hop's address when it is an IP literal; over TCP,
+  for host names (no DNS in a sans-I/O core) and for a private Contact behind NAT
+  (Contact private, source elsewhere) they reuse the address the INVITE came from
+  (:func:`~sip_bridge.uas_invite.in_dialog_destination`).
+- Any final response to our BYE (401/407 included: we hold no credentials) or its
+  timeout closes the dialog.
+- Incoming requests get ``received``/``rport`` stamped on their top Via (RFC 3261
+  18.2.1, RFC 3581) before the transaction layer sees them; the message is modified.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sip_bridge.config import SipConfig
+from sip_bridge.dialog import Dialog, DialogError
+from sip_bridge.message import (
+    NameAddr,
+    SipRequest,
+    SipResponse,
+    SipUri,
+    make_response,
+    new_tag,
+    parse_message,
+)
+from sip_bridge.offer_answer import (
+    MediaConfig,
+    NegotiatedMedia,
+    accept_answer,
+    answer,
+    answered_media,
+    make_offer,
+)
+from sip_bridge.sdp import NoCommonCodec, SdpError, SessionDescription, parse_sdp
+from sip_bridge.timers import TimerConfig, TimerQueue
+from sip_bridge.transaction import (
+    AckReceived,
+    AckTimeout,
+    Event,
+    RequestReceived,
+    ResponseReceived,
+    SendMessage,
+    TransactionError,
+    TransactionLayer,
+    TransactionTimeout,
+)
+from sip_bridge.uas_invite import (
+    UnsupportedBody,
+    dtmf_digit,
+    in_dialog_destination,
+    sdp_offer,
+    stamp_via,
+    stateless_error,
+)
+
+__all__ = [
+    "ALLOW",
+    "BridgeUA",
+    "CallEnded",
+    "CallEstablished",
+    "CallOffered",
+    "DtmfInfo",
+    "MediaUpdated",
+    "Send",
+    "UaEvent",
+]
+
+Address = tuple[str, int]
+ALLOW = ("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "UPDATE", "INFO")
+SUPPORTED: tuple[str, ...] = ()  # option tags we implement: none yet (no 100rel, no timer)
+ACCEPT = "application/sdp, application/dtmf-relay"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Bytes the transport must send."""
+
+    data: bytes
+    destination: Address
+    transport: str
+
+
+@dataclass(frozen=True, slots=True)
+class CallOffered:
+    """A new call: allocate an RTP port, then ``answer()`` or ``reject()``."""
+
+    call_id: str
+    from_uri: str
+    to_uri: str
+    request_uri: str
+    offer: SessionDescription | None  # None: delayed offer (our 200 will offer)
+    source: Address
+
+
+@dataclass(frozen=True, slots=True)
+class CallEstablished:
+    call_id: str
+    media: NegotiatedMedia
+
+
+@dataclass(frozen=True, slots=True)
+class MediaUpdated:
+    """A re-INVITE/UPDATE changed the media (hold, new address, new port...)."""
+
+    call_id: str
+    media: NegotiatedMedia
+
+
+@dataclass(frozen=True, slots=True)
+class CallEnded:
+    call_id: str
+    reason: str
+    by: Literal["remote", "local", "timeout"]
+
+
+@dataclass(frozen=True, slots=True)
+class DtmfInfo:
+    """A digit from a SIP INFO (application/dtmf-relay or application/dtmf)."""
+
+    call_id: str
+    digit: str
+
+
+UaEvent = Send | CallOffered | CallEstablished | MediaUpdated | CallEnded | DtmfInfo
+
+
+@dataclass(eq=False)
+class _Call:
+    call_id: str
+    invite: SipRequest
+    invite_tx: str
+    source: Address
+    transport: str
+    dialog: Dialog
+    offer: SessionDescription | None
+    state: str = "offered"  # offered -> answered (2xx sent) -> confirmed (ACKed)
+    local_sdp: SessionDescription | None = None
+    media: MediaConfig | None = None
+    reoffer_tx: str | None = None  # re-INVITE without SDP: the ACK carries the answer
+    bye_tx: str | None = None
+    bye_after_ack: bool = False
+    txs: set[str] = field(default_factory=set)
+
+
+class BridgeUA:
+    """All SIP calls of one bridge listener; ``active_calls`` counts the app's live calls."""
+
+    def __init__(
+        self,
+        config: SipConfig,
+        local_port: int,
+        media_address: str,
+        now: float,
+        *,
+        answer_timeout_s: float = 30.0,
+    ) -> None:
+        MediaConfig(media_address, 9)  # raises for 0.0.0.0/:: : never advertise a wildcard
+        self.config = config
+        self.local_port = local_port
+        self.media_address = media_address
+        host = config.advertised_host
+        self.host = media_address if host in ("0.0.0.0", "::", "") else host
+        self.answer_timeout_s = answer_timeout_s
+        t = config.timers
+        self._layer = TransactionLayer(TimerConfig(t1=t.t1, t2=t.t2, t4=t.t4))
+        self._timers = TimerQueue()
+        self._calls: dict[str, _Call] = {}  # live, as the app sees them
+        self._ending: dict[str, _Call] = {}  # ended for the app, BYE still to finish
+        self._by_tx: dict[str, _Call] = {}
+        self.created_at = now
+
+    # ------------------------------------------------------------------ inspection
+    @property
+    def active_calls(self) -> int:
+        return len(self._calls)
+
+    @property
+    def transactions(self) -> int:
+        return len(self._layer)
+
+    @property
+    def ending_calls(self) -> int:
+        """Calls ended for the app whose BYE (or the ACK before it) is still pending."""
+        return len(self._ending)
+
+    def next_deadline(self) -> float | None:
+        pending = (self._layer.next_deadline(), self._timers.next_deadline())
+        deadlines = [d for d in pending if d is not None]
+        return min(deadlines) if deadlines else None
+
+    # ------------------------------------------------------------------ inputs
+    def receive_bytes(
+        self, data: bytes, source: Address, transport: str, now: float
+    ) -> list[UaEvent]:
+        """One datagram (UDP); malformed requests get a stateless 400 when answerable."""
+        try:
+            msg = parse_message(data)
+        except ValueError as exc:
+            resp = stateless_error(data, exc, self.host, self.config.user_agent)
+            return [Send(resp.to_bytes(), source, transport)] if resp is not None else []
+        return self.receive_message(msg, source, transport, now)
+
+    def receive_message(
+        self, msg: SipRequest | SipResponse, source: Address, transport: str, now: float
+    ) -> list[UaEvent]:
+        """One parsed message (the TCP path, after framing)."""
+        if isinstance(msg, SipRequest):
+            try:
+                stamp_via(msg, source)
+            except (ValueError, IndexError):
+                return []
+        return self._process(self._layer.receive(msg, source, transport, now), transport, now)
+
+    def tick(self, now: float) -> list[UaEvent]:
+        out = self._process(self._layer.tick(now), "", now)
+        while (due := self._timers.pop_due(now)) is not None:
+            call = self._calls.get(str(due[0]))
+            if call is not None and call.state == "offered":
+                out += self._final(call, 480, now)
+                out.append(self._end(call, "not answered", "timeout"))
+        return out
+
+    # ------------------------------------------------------------------ app commands
+    def answer(self, call_id: str, local_rtp_port: int, now: float) -> list[UaEvent]:
+        """200 OK with our SDP: an answer to the INVITE's offer, or our offer (delayed)."""
+        call = self._calls.get(call_id)
+        if call is None or call.state != "offered":
+            return []
+        media = MediaConfig(self.media_address, local_rtp_port)
+        negotiated: NegotiatedMedia | None = None
+        try:
+            if call.offer is not None:
+                sdp = answer(call.offer, media)
+                negotiated = answered_media(call.offer, sdp)
+            else:
+                sdp = make_offer(media, secrets.randbits(31))
+        except SdpError as exc:
+            out = self._final(call, exc.status, now, warning=exc)
+            return [*out, self._end(call, f"{exc.status} {exc}", "local")]
+        call.local_sdp, call.media, call.state = sdp, media, "answered"
+        self._timers.cancel(call_id, "answer")
+        resp = self._response(call.invite, 200, call.dialog.local_tag)
+        for value in call.invite.headers.get_all("Record-Route"):
+            resp.headers.add("Record-Route", value)
+        resp.headers.add("Contact", call.dialog.local_contact)
+        self._describe(resp)
+        resp.headers.add("Content-Type", "application/sdp")
+        resp.body = sdp.to_bytes()
+        out = self._send_response(call.invite_tx, resp, now)
+        if negotiated is not None:
+            out.append(CallEstablished(call_id, negotiated))
+        return out
+
+    def reject(self, call_id: str, status: int, now: float) -> list[UaEvent]:
+        """Refuse an offered call with a 3xx-6xx (503 gets Retry-After)."""
+        if not 300 <= status <= 699:
+            raise ValueError(f"reject needs a 3xx-6xx status, got {status}")
+        call = self._calls.get(call_id)
+        if call is None or call.state != "offered":
+            return []
+        out = self._final(call, status, now)
+        return [*out, self._end(call, f"rejected with {status}", "local")]
+
+    def hangup(self, call_id: str, now: float, reason: str = "hangup") -> list[UaEvent]:
+        """End a call from our side: BYE (or 480 before answer); CallEnded at once."""
+        call = self._calls.get(call_id)
+        if call is None:
+            return []
+        if call.state == "offered":
+            return [*self._final(call, 480, now), self._end(call, reason, "local")]
+        out: list[UaEvent] = [self._end(call, reason, "local", keep=True)]
+        if call.state == "answered":
+            call.bye_after_ack = True
+            return out
+        return out + self._send_bye(call, now)
+
+    # ------------------------------------------------------------------ plumbing
+    def _process(self, events: list[Event], transport: str, now: float) -> list[UaEvent]:
+        out: list[UaEvent] = []
+        for ev in events:
+            if isinstance(ev, SendMessage):
+                out.append(Send(ev.data, ev.destination, ev.transport))
+            elif isinstance(ev, RequestReceived):
+                out += self._on_request(ev, transport, now)
+            elif isinstance(ev, AckReceived):
+                out += self._on_ack(ev, now)
+            elif isinstance(ev, AckTimeout):
+                out += self._on_ack_timeout(ev, now)
+            elif isinstance(ev, ResponseReceived | TransactionTimeout):
+                self._on_client_result(ev)
+        return out
+
+    def _response(self, req: SipRequest, status: int, to_tag: str | None = None) -> SipResponse:
+        resp = make_response(req, status, to_tag=to_tag or new_tag())
+        resp.headers.add("Server", self.config.user_agent)
+        return resp
+
+    def _describe(self, resp: SipResponse) -> None:
+        """Capabilities (RFC 3261 11.2): what we allow, accept and support."""
+        resp.headers.add("Allow", ", ".join(ALLOW))
+        resp.headers.add("Accept", ACCEPT)
+        resp.headers.add("Supported", ", ".join(SUPPORTED))
+
+    def _send_response(self, tx_id: str, resp: SipResponse, now: float) -> list[UaEvent]:
+        try:
+            return self._process(self._layer.send_response(tx_id, resp, now), "", now)
+        except TransactionError:
+            return []  # the transaction is gone (timed out): nothing left to answer
+
+    def _reply(self, ev: RequestReceived, status: int, now: float, **headers: str) -> list[UaEvent]:
+        resp = self._response(ev.request, status)
+        for name, value in headers.items():
+            resp.headers.add(name.replace("_", "-"), value)
+        return self._send_response(ev.tx_id, resp, now)
+
+    def _final(
+        self, call: _Call, status: int, now: float, warning: SdpError | None = None
+    ) -> list[UaEvent]:
+        """A non-2xx final response to the call's INVITE."""
+        resp = self._response(call.invite, status, call.dialog.local_tag)
+        if status == 503:
+            resp.headers.add("Retry-After", str(self.config.retry_after_s))
+        if isinstance(warning, NoCommonCodec):
+            resp.headers.add("Warning", warning.warning(self.host))
+        return self._send_response(call.invite_tx, resp, now)
+
+    def _end(
+        self,
+        call: _Call,
+        reason: str,
+        by: Literal["remote", "local", "timeout"],
+        keep: bool = False,
+    ) -> CallEnded:
+        """Remove the call from the app's view; ``keep`` it while a BYE is still to run."""
+        self._calls.pop(call.call_id, None)
+        self._timers.cancel(call.call_id, "answer")
+        if keep:
+            self._ending[call.call_id] = call
+        else:
+            self._forget(call)
+        return CallEnded(call.call_id, reason, by)
+
+    def _forget(self, call: _Call) -> None:
+        self._calls.pop(call.call_id, None)
+        self._ending.pop(call.call_id, None)
+        for tx in call.txs:
+            if self._by_tx.get(tx) is call:
+                del self._by_tx[tx]
+
+    def _track(self, call: _Call, tx_id: str) -> None:
+        call.txs.add(tx_id)
+        self._by_tx[tx_id] = call
+
+    def _send_bye(self, call: _Call, now: float) -> list[UaEvent]:
+        if call.bye_tx is not None:
+            return []
+        call.bye_after_ack = False
+        self._ending[call.call_id] = call
+        bye = call.dialog.create_request("BYE")
+        dest, transport = in_dialog_destination(call.dialog, call.source, call.transport)
+        try:
+            tx_id, events = self._layer.send_request(bye, dest, transport, now)
+        except (TransactionError, ValueError):
+            self._forget(call)
+            return []
+        call.bye_tx = tx_id
+        self._track(call, tx_id)
+        return self._process(events, transport, now)
+
+    # ------------------------------------------------------------------ requests
+    def _on_request(self, ev: RequestReceived, transport: str, now: float) -> list[UaEvent]:
+        req = ev.request
+        method = req.method
+        if method not in ALLOW:
+            return self._reply(ev, 405, now, Allow=", ".join(ALLOW))
+        if method == "CANCEL":
+            return self._on_cancel(ev, now)
+        if int(req.headers.get("Max-Forwards") or 70) == 0:
+            return self._reply(ev, 483, now)
+        unsupported = [t for t in req.headers.get_all("Require") if t.lower() not in SUPPORTED]
+        if unsupported:
+            return self._reply(ev, 420, now, Unsupported=", ".join(unsupported))
+        try:
+            to_tag = NameAddr.parse(req.headers.get("To") or "").tag
+        except ValueError:
+            return self._reply(ev, 400, now)
+        if to_tag is None:
+            if method == "INVITE":
+                return self._on_invite(ev, transport, now)
+            if method == "OPTIONS":
+                return self._options(ev, now)
+            return self._reply(ev, 481, now)
+        call = self._calls.get(req.call_id) or self._ending.get(req.call_id)
+        if call is None or not call.dialog.matches(req):
+            return self._reply(ev, 481, now)
+        if not call.dialog.accept_remote_cseq(req):
+            return self._reply(ev, 500, now)
+        if call.call_id in self._ending:  # ended for the app; let the peer close cleanly
+            return self._reply(ev, 200 if method == "BYE" else 481, now)
+        if method == "BYE":
+            out = self._reply(ev, 200, now)
+            return [*out, self._end(call, "caller hung up", "remote")]
+        if method == "OPTIONS":
+            return self._options(ev, now)
+        if method == "INFO":
+            out = self._reply(ev, 200, now)
+            digit = dtmf_digit(req)
+            return out + ([DtmfInfo(call.call_id, digit)] if digit else [])
+        return self._on_refresh(call, ev, now)  # re-INVITE or UPDATE
+
+    def _options(self, ev: RequestReceived, now: float) -> list[UaEvent]:
+        resp = self._response(ev.request, 200)
+        self._describe(resp)
+        return self._send_response(ev.tx_id, resp, now)
+
+    def _on_invite(self, ev: RequestReceived, transport: str, now: float) -> list[UaEvent]:
+        req = ev.request
+        call_id = req.call_id
+        if call_id in self._calls or call_id in self._ending:
+            return self._reply(ev, 482, now)  # merged/looped request (RFC 3261 8.2.2.2)
+        if len(self._calls) >= self.config.max_calls:
+            return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
+        try:
+            offer = sdp_offer(req)
+            if offer is not None:
+                answer(offer, MediaConfig(self.media_address, 9))  # can we serve it at all?
+        except SdpError as exc:
+            if isinstance(exc, UnsupportedBody):
+                return self._reply(ev, 415, now, Accept="application/sdp")
+            if isinstance(exc, NoCommonCodec):
+                return self._reply(ev, 488, now, Warning=exc.warning(self.host))
+            return self._reply(ev, 400, now, Warning=f'399 {self.host} "bad SDP"')
+        tag = new_tag()
+        contact_uri = SipUri("sip", "bridge", self.host, self.local_port, {"transport": transport})
+        sent_by = f"[{self.host}]" if ":" in self.host else self.host
+        sent_by = f"{sent_by}:{self.local_port}"
+        try:
+            dialog = Dialog.from_uas(
+                req, tag, f"<{contact_uri.to_str()}>", transport, sent_by, self.config.user_agent
+            )
+            from_uri = NameAddr.parse(req.headers.get("From") or "").uri
+            to_uri = NameAddr.parse(req.headers.get("To") or "").uri
+        except (DialogError, ValueError) as exc:
+            return self._reply(ev, getattr(exc, "status", 400), now)
+        call = _Call(call_id, req, ev.tx_id, ev.source, transport, dialog, offer)
+        self._calls[call_id] = call
+        self._track(call, ev.tx_id)
+        self._timers.arm(call_id, "answer", now + self.answer_timeout_s)
+        return [CallOffered(call_id, from_uri, to_uri, req.uri, offer, ev.source)]
+
+    def _on_cancel(self, ev: RequestReceived, now: float) -> list[UaEvent]:
+        if ev.invite_tx_id is None:
+            return self._reply(ev, 481, now)
+        out = self._reply(ev, 200, now)
+        call = self._by_tx.get(ev.invite_tx_id)
+        if call is None or call.state != "offered" or call.call_id not in self._calls:
+            return out  # already answered: the CANCEL has no effect (RFC 3261 9.2)
+        out += self._final(call, 487, now)
+        return [*out, self._end(call, "cancelled", "remote")]
+
+    def _on_refresh(self, call: _Call, ev: RequestReceived, now: float) -> list[UaEvent]:
+        """re-INVITE or UPDATE: new remote target and, with SDP, a new answer."""
+        req = ev.request
+        if call.state != "confirmed" or call.reoffer_tx is not None or call.media is None:
+            return self._reply(ev, 500, now, Retry_After="1")  # RFC 3261 14.2
+        try:
+            offer = sdp_offer(req)
+            sdp = call.local_sdp
+            assert sdp is not None
+            negotiated = None
+            if offer is not None:
+                sdp = answer(offer, call.media, previous=call.local_sdp)
+                negotiated = answered_media(offer, sdp)
+            call.dialog.refresh_target(req)  # only once the request is accepted (12.2.2)
+        except (DialogError, SdpError) as exc:  # the old session stays as it was (14.2)
+            warn = {"Warning": exc.warning(self.host)} if isinstance(exc, NoCommonCodec) else {}
+            return self._reply(ev, exc.status, now, **warn)
+        if offer is not None:
+            call.offer, call.local_sdp = offer, sdp
+        elif req.method == "INVITE":
+            call.reoffer_tx = ev.tx_id  # we re-offer what we have; the ACK carries the answer
+        else:
+            return self._reply(ev, 200, now, Contact=call.dialog.local_contact)
+        resp = self._response(req, 200, call.dialog.local_tag)
+        resp.headers.add("Contact", call.dialog.local_contact)
+        self._describe(resp)
+        resp.headers.add("Content-Type", "application/sdp")
+        resp.body = sdp.to_bytes()
+        out = self._send_response(ev.tx_id, resp, now)
+        if req.method == "INVITE":
+            self._track(call, ev.tx_id)
+        return out + ([MediaUpdated(call.call_id, negotiated)] if negotiated else [])
+
+    # ------------------------------------------------------------------ ACK, BYE results
+    def _on_ack(self, ev: AckReceived, now: float) -> list[UaEvent]:
+        call = self._by_tx.get(ev.tx_id) if ev.tx_id is not None else None
+        if call is None:
+            return []  # stray/late ACK: nothing to confirm
+        if call.bye_after_ack:
+            return self._send_bye(call, now)
+        if call.call_id not in self._calls:
+            return []
+        if ev.tx_id == call.reoffer_tx:
+            call.reoffer_tx = None
+            try:
+                assert call.local_sdp is not None
+                media = accept_answer(call.local_sdp, parse_sdp(ev.request.body))
+            except (SdpError, ValueError):
+                return []  # keep the old media: the answer did not change anything we use
+            return [MediaUpdated(call.call_id, media)]
+        if call.state != "answered":
+            return []
+        call.state = "confirmed"
+        if call.offer is not None:
+            return []  # CallEstablished went out with the 200
+        try:
+            assert call.local_sdp is not None
+            if not ev.request.body.strip():
+                raise SdpError("the ACK carries no SDP answer")
+            media = accept_answer(call.local_sdp, parse_sdp(ev.request.body))
+        except (SdpError, ValueError) as exc:
+            ended = self._end(call, f"no usable SDP answer in the ACK: {exc}", "local", keep=True)
+            return [*self._send_bye(call, now), ended]
+        return [CallEstablished(call.call_id, media)]
+
+    def _on_ack_timeout(self, ev: AckTimeout, now: float) -> list[UaEvent]:
+        call = self._by_tx.get(ev.tx_id)
+        if call is None:
+            return []
+        if call.call_id in self._calls:
+            ended = self._end(call, "no ACK", "timeout", keep=True)
+            return [*self._send_bye(call, now), ended]
+        return self._send_bye(call, now) if call.bye_after_ack else []
+
+    def _on_client_result(self, ev: ResponseReceived | TransactionTimeout) -> None:
+        call = self._by_tx.get(ev.tx_id)
+        if call is None or ev.tx_id != call.bye_tx:
+            return
+        if isinstance(ev, ResponseReceived) and ev.response.status < 200:
+            return
+        self._forget(call)  # BYE answered (any final) or timed out: the dialog is over
