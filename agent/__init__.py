@@ -1,4 +1,29 @@
-"""Turn-taking and dialogue (VAD, end of turn, barge-in, TTS streaming).
+"""Turn-taking and dialogue agents, behind one small interface (:mod:`agent.base`).
 
-Empty until the speech-agent issue lands; it must never import RTP or SIP code.
+So far: the interface (:class:`Agent`, :class:`AgentOutput`, the call info and event
+dataclasses) and :class:`EchoAgent`, which plays the caller back after a fixed delay.
+VAD, end of turn, barge-in and the dialogue engine are not built yet. Nothing here may
+import RTP or SIP code.
 """
+
+from agent.base import (
+    Agent,
+    AgentEvent,
+    AgentOutput,
+    CallInfo,
+    DtmfEvent,
+    HangupEvent,
+    TransferRequest,
+)
+from agent.echo import EchoAgent
+
+__all__ = [
+    "Agent",
+    "AgentEvent",
+    "AgentOutput",
+    "CallInfo",
+    "DtmfEvent",
+    "EchoAgent",
+    "HangupEvent",
+    "TransferRequest",
+]

@@ -1,0 +1,115 @@
+"""The one interface a speech agent plugs into, so that it never sees SIP or RTP.
+
+The bridge owns the call: it de-jitters and decodes the caller's audio, resamples it to
+:attr:`Agent.sample_rate` and calls :meth:`Agent.on_audio` once per 20 ms tick, always
+(silence when the caller sends nothing), so an agent can count time in samples. What the
+agent says goes the other way through :class:`AgentOutput`, which queues, resamples and
+paces it onto the call. Events (DTMF, hang-up) are small frozen dataclasses, in the style
+of pipecat frames.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = [
+    "Agent",
+    "AgentEvent",
+    "AgentOutput",
+    "CallInfo",
+    "DtmfEvent",
+    "HangupEvent",
+    "TransferRequest",
+]
+
+#: What agents hear and speak unless they say otherwise: the speech model's native rate.
+DEFAULT_SAMPLE_RATE = 24000
+
+
+@dataclass(frozen=True, slots=True)
+class CallInfo:
+    """Who is calling whom; the agent's only view of the SIP side."""
+
+    call_id: str
+    caller: str = ""  # From URI (or user part)
+    callee: str = ""  # To / request URI: picks the agent profile
+    codec: str = "PCMU"
+    extra: dict[str, str] = field(default_factory=dict)  # e.g. custom X- headers
+
+
+@dataclass(frozen=True, slots=True)
+class DtmfEvent:
+    """The caller pressed a key (RFC 4733, reported once per press)."""
+
+    digit: str
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class HangupEvent:
+    """The call is over. To the agent: the caller hung up; from the agent: please hang up."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferRequest:
+    """From the agent: transfer the caller (REFER) to ``target`` (a SIP URI or number)."""
+
+    target: str
+
+
+AgentEvent = DtmfEvent | HangupEvent | TransferRequest
+
+
+class AgentOutput(abc.ABC):
+    """The agent's way back onto the call. Implemented by the bridge (and by tests)."""
+
+    @abc.abstractmethod
+    def write(self, pcm: NDArray[np.int16]) -> None:
+        """Queue mono int16 audio at the agent's rate; bursts of any size are paced out."""
+
+    @abc.abstractmethod
+    def flush(self) -> float:
+        """Barge-in: drop everything queued but not yet sent; returns the ms dropped."""
+
+    @abc.abstractmethod
+    def hangup(self, reason: str = "") -> None:
+        """Ask the bridge to end the call (it sends the BYE)."""
+
+    @abc.abstractmethod
+    def emit(self, event: AgentEvent) -> None:
+        """Send any other event to the bridge (e.g. a :class:`TransferRequest`)."""
+
+
+class Agent(abc.ABC):
+    """Base class of all agents.
+
+    Lifecycle: ``await start(call, output)``, then any number of :meth:`on_audio` /
+    :meth:`on_event` calls from the bridge's event loop, then ``await stop()``. The two
+    ``on_`` methods are called from the media loop's tick: they must return quickly and
+    hand heavy work (ASR, TTS) to a task or an executor.
+    """
+
+    #: Short name shown in the media chain description, e.g. ``Agent(echo)``.
+    name: str = "agent"
+    #: Rate of the PCM the agent receives and writes.
+    sample_rate: int = DEFAULT_SAMPLE_RATE
+
+    @abc.abstractmethod
+    async def start(self, call: CallInfo, output: AgentOutput) -> None:
+        """The call is answered; keep ``output`` to speak."""
+
+    @abc.abstractmethod
+    def on_audio(self, pcm: NDArray[np.int16]) -> None:
+        """One frame of the caller's audio (20 ms at :attr:`sample_rate`, int16)."""
+
+    def on_event(self, event: AgentEvent) -> None:  # noqa: B027 (optional hook)
+        """A DTMF key or the caller's hang-up; ignored unless overridden."""
+
+    async def stop(self) -> None:  # noqa: B027 (optional hook)
+        """The call is gone; release resources. Nothing is sent after this."""

@@ -1,0 +1,58 @@
+"""An agent that plays the caller back to themselves: the bridge's loopback test."""
+
+from __future__ import annotations
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.base import Agent, AgentEvent, AgentOutput, CallInfo
+
+__all__ = ["EchoAgent"]
+
+
+class EchoAgent(Agent):
+    """Writes back every frame it hears, delayed by exactly ``delay_s``.
+
+    The delay is a delay line in samples (``round(delay_s * sample_rate)``), not a timer:
+    each frame heard releases a frame of the same length from ``delay`` samples ago, so
+    the echo is sample-accurate and stays in step with the caller's clock. The bridge feeds
+    one frame per tick even in silence, which is what makes samples a clock. Events are
+    kept in :attr:`events` (handy in tests).
+    """
+
+    name = "echo"
+
+    def __init__(self, delay_s: float = 0.5, sample_rate: int = 24000) -> None:
+        if not delay_s >= 0:
+            raise ValueError("delay_s must be >= 0")
+        if sample_rate <= 0:
+            raise ValueError("sample_rate must be positive")
+        self.sample_rate = sample_rate
+        self.delay_s = delay_s
+        self.delay_samples = round(delay_s * sample_rate)
+        self._line: NDArray[np.int16] = np.zeros(self.delay_samples, dtype=np.int16)
+        self._output: AgentOutput | None = None
+        self.call: CallInfo | None = None
+        self.events: list[AgentEvent] = []
+        self.heard_samples = 0
+
+    async def start(self, call: CallInfo, output: AgentOutput) -> None:
+        self.call = call
+        self._output = output
+
+    def on_audio(self, pcm: NDArray[np.int16]) -> None:
+        a = np.asarray(pcm)
+        if a.dtype != np.int16 or a.ndim != 1:
+            raise ValueError("pcm must be a 1-D int16 array")
+        n = a.size
+        self.heard_samples += n
+        line = np.concatenate((self._line, a))
+        out, self._line = line[:n], line[n:]
+        if self._output is not None and n:
+            self._output.write(out)
+
+    def on_event(self, event: AgentEvent) -> None:
+        self.events.append(event)
+
+    async def stop(self) -> None:
+        self._output = None
