@@ -33,7 +33,7 @@ def _summary(delays: np.ndarray, late: int, n_received: int, **extra: Any) -> di
 def _ours(
     trace: list[TracePacket], follow_due_s: float = 0.0, **kw: int
 ) -> tuple[dict[str, Any], np.ndarray]:
-    jb = JitterBuffer(**kw)
+    jb = JitterBuffer(follows_due=follow_due_s > 0, **kw)
     res = replay(
         trace,
         jb,

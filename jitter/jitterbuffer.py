@@ -100,6 +100,7 @@ class JitterBuffer:
         *,
         capacity_s: float = 2.0,
         quantile: float = 0.99,
+        follows_due: bool = False,
     ) -> None:
         if clock_rate <= 0 or frame_ms <= 0:
             raise ValueError("clock_rate and frame_ms must be positive")
@@ -109,6 +110,9 @@ class JitterBuffer:
             raise ValueError("need 0 <= min_delay_ms <= max_delay_ms")
         self.clock_rate = clock_rate
         self.frame_ms = frame_ms
+        # True when the caller pops on a clock that follows `due_s` (see there): then the
+        # clock, not dropped or inserted frames, keeps the delay on target.
+        self.follows_due = follows_due
         self.frame_samples = clock_rate * frame_ms // 1000
         f = self.frame_samples
         cap = max(int(capacity_s * clock_rate), 8 * f, int(4 * max_delay_ms * clock_rate / 1000))
@@ -536,7 +540,13 @@ class JitterBuffer:
         frame = self._ring.view(self._ring.pcm, c, f)
         low = below_avg = False
         self._frames_seen += 1
-        if hi > frame_s + 0.002 or hi < 0.0 or not self._frames_seen & 3:
+        if self.follows_due:
+            # The pop clock tracks the target itself: only a gross error (a stalled or
+            # jumping clock) is worth a dropped or inserted frame.
+            lo_gate, hi_gate = -2 * frame_s, 3 * frame_s
+        else:
+            lo_gate, hi_gate = 0.0, frame_s + 0.002
+        if hi > hi_gate or hi < lo_gate or not self._frames_seen & 3:
             # Energy only matters when the delay may be adapted; the running
             # average is refreshed every 4th frame in between (it is cheap, not free).
             e = self._energy(frame)
@@ -549,11 +559,7 @@ class JitterBuffer:
             self._comfort += 1
             self._pts = None
             return self._silence_fill(f)
-        if (
-            (hi > frame_s + 0.002 and low)
-            or (hi > frame_s + 0.010 and below_avg)
-            or hi > 3 * frame_s
-        ):
+        if (hi > hi_gate and low) or (hi > hi_gate + 0.008 and below_avg) or hi > 3 * frame_s:
             c2 = c + f
             j = c2 % self.capacity
             if j + f <= self.capacity:
@@ -573,7 +579,7 @@ class JitterBuffer:
                 self._dropped += 1
                 self._mode = "audio"
                 return out
-        if (hi < 0.0 and low) or (hi < -0.004 and below_avg) or hi < -0.010:
+        if (hi < lo_gate and low) or (hi < lo_gate - 0.004 and below_avg) or hi < lo_gate - 0.010:
             self._inserted += 1
             self._pts = None
             self._mode = "audio"

@@ -319,7 +319,8 @@ def replay(
     `sample_timeline`, if given, is read after every pop (e.g. the target
     delay) and recorded with the tick time for plots. With `follow_due_s` > 0
     the pop clock moves each tick by up to that much toward `jb.due_s` (a
-    phase-following receive loop) instead of keeping a fixed 20 ms grid.
+    phase-following receive loop) instead of keeping a fixed 20 ms grid; build
+    the buffer with ``follows_due=True`` then, so the two do not both adapt.
     """
     make_pcm = pcm_for or tone_pcm
     pkts = received(trace)

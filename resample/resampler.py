@@ -207,6 +207,11 @@ def _batch_size(count: int, up: int) -> int:
     return min(uniform or divisors, key=badness)
 
 
+# Per-call frames are 10-60 ms; a plan for a one-off long chunk (a whole prompt) costs
+# seconds to build and megabytes to keep, for nothing.
+_PLAN_MAX_INPUTS = 4096
+
+
 @functools.lru_cache(maxsize=64)
 def _plan(
     in_rate: int, out_rate: int, n_new: int, n_in: int, n_out: int, scale: float
@@ -217,8 +222,8 @@ def _plan(
     total = n_in + n_new
     k_end = -(-total * up // down)
     count = k_end - n_out
-    if count < _PLAN_MIN_OUTPUTS:
-        return None
+    if count < _PLAN_MIN_OUTPUTS or n_new > _PLAN_MAX_INPUTS:
+        return None  # tiny chunks gain nothing; huge ones would build a huge banded matrix
     q, j = np.divmod(np.arange(n_out, k_end, dtype=np.int64), up)
     w = q * down + d.base_n[j] - n_in  # window start in the buffer, per output
     g = _batch_size(count, up)

@@ -199,7 +199,7 @@ def test_following_due_meets_the_wan_latency_goal(seed: int) -> None:
     trace = standard_trace("wan_uniform_j30_ge2", 120.0, seed)
     assert 28.0 < interarrival_jitter_ms(trace) < 34.0
     fixed = replay(trace, JitterBuffer())
-    jb = JitterBuffer()
+    jb = JitterBuffer(follows_due=True)
     res = replay(trace, jb, follow_due_s=0.005)
     assert res.late_loss_pct <= 1.0
     assert res.added_delay_mean_ms <= 50.0
@@ -211,7 +211,7 @@ def test_following_due_meets_the_wan_latency_goal(seed: int) -> None:
 @pytest.mark.parametrize("name", ["drift_plus_0.5pct", "drift_minus_0.5pct"])
 def test_following_due_absorbs_drift_without_drops(name: str) -> None:
     trace = standard_trace(name, 120.0, 7)
-    jb = JitterBuffer()
+    jb = JitterBuffer(follows_due=True)
     res = replay(trace, jb, follow_due_s=0.005)
     s = jb.stats
     assert res.late == 0
