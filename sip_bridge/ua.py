@@ -275,6 +275,15 @@ class BridgeUA:
             out.append(CallEstablished(call_id, negotiated))
         return out
 
+    def ring(self, call_id: str, now: float) -> list[UaEvent]:
+        """180 Ringing for an offered call (the caller hears ringback until `answer`)."""
+        call = self._calls.get(call_id)
+        if call is None or call.state != "offered":
+            return []
+        resp = self._response(call.invite, 180, call.dialog.local_tag)
+        resp.headers.add("Contact", call.dialog.local_contact)
+        return self._send_response(call.invite_tx, resp, now)
+
     def reject(self, call_id: str, status: int, now: float) -> list[UaEvent]:
         """Refuse an offered call with a 3xx-6xx (503 gets Retry-After)."""
         if not 300 <= status <= 699:

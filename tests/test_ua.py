@@ -321,6 +321,17 @@ def test_cancel_of_a_pending_invite() -> None:
     assert_clean(ua)
 
 
+def test_ring_sends_180_with_the_dialog_tag_then_200_keeps_it() -> None:
+    ua = make_ua()
+    offered, _ = offer_call(ua, invite_text())
+    [ringing] = responses(ua.ring(offered.call_id, 0.1), 180)
+    tag = NameAddr.parse(ringing.headers.get("To") or "").tag
+    assert tag and ringing.headers.get("Contact")
+    [ok] = responses(ua.answer(offered.call_id, 30000, 0.2), 200)
+    assert NameAddr.parse(ok.headers.get("To") or "").tag == tag
+    assert ua.ring(offered.call_id, 0.3) == []  # answered: nothing more to ring
+
+
 def test_cancel_for_unknown_transaction_is_481() -> None:
     ua = make_ua()
     cancel = (
