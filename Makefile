@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # Debian packages the build and the tests need (checked one by one with dpkg).
-APT_PACKAGES ?= python3-venv
+APT_PACKAGES ?= python3-venv sip-tester
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
@@ -37,7 +37,7 @@ venv:
 	echo "$$want" > $(STAMP)
 
 run: setup
-	$(VENV)/bin/sip-bridge run
+	$(VENV)/bin/sip-bridge run --config config/bridge.toml
 
 lint: setup
 	$(VENV)/bin/ruff check .

@@ -3,29 +3,67 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
+import logging
+import signal
 import sys
 
 from sip_bridge import __version__
+from sip_bridge.config import ConfigError, load_config
+from sip_bridge.transport import TransportError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sip-bridge", description=__doc__)
+    parser = argparse.ArgumentParser(prog="sip-bridge", description="SIP voice-agent bridge")
     parser.add_argument("--version", action="version", version=f"sip-bridge {__version__}")
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("run", help="answer calls (the SIP leg is not built yet)")
+    run = sub.add_parser("run", help="answer calls")
+    run.add_argument("--config", default=None, help="bridge.toml (default: built-in defaults)")
+    run.add_argument("--listen", metavar="HOST:PORT", help="override sip.listen")
+    run.add_argument("--agent", metavar="NAME", help="override agent.name")
+    run.add_argument("--rtp-ports", metavar="LOW-HIGH", help="override rtp.ports")
+    run.add_argument("--max-calls", metavar="N", type=int, help="override sip.max_calls")
+    run.add_argument("-v", "--verbose", action="store_true", help="log every call")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    if args.command == "run":
-        # Honest about what exists: the media core is here, the SIP leg is the next issue.
-        print(f"sip-bridge {__version__}")
-        print("SIP leg not built yet: the media core (RTP, G.711, jitter buffer, resampler)")
-        print("is in place; try `make test` and `make bench`.")
-        return 0
-    build_parser().print_help()
+async def _serve(args: argparse.Namespace) -> int:
+    from sip_bridge.server import BridgeServer
+
+    config = load_config(args.config).with_overrides(
+        listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports, max_calls=args.max_calls
+    )
+    server = BridgeServer(config)
+    await server.start()
+    transports = "+".join(config.sip.transports)
+    print(f"sip-bridge {__version__} listening on {transports} {config.sip.listen}", flush=True)
+    print(f"dial {server.uri} (agent: {config.agent.name}); Ctrl-C to stop", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await server.stop()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command != "run":
+        parser.print_help()
+        return 0
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return asyncio.run(_serve(args))
+    except (ConfigError, TransportError) as exc:
+        print(f"sip-bridge: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

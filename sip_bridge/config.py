@@ -159,8 +159,8 @@ def parse_hostport(value: str) -> tuple[str, int]:
         raise ValueError(f"expected HOST:PORT or [IPV6]:PORT, got {value!r}")
     host = m.group(1) or m.group(3)
     port = int(m.group(2) or m.group(4))
-    if not 0 < port < 65536:
-        raise ValueError(f"port {port} out of range 1-65535")
+    if not 0 <= port < 65536:  # 0: let the OS pick a free port (tests, ad-hoc runs)
+        raise ValueError(f"port {port} out of range 0-65535")
     if m.group(1):
         ipaddress.IPv6Address(host)
     return host, port

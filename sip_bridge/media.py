@@ -333,14 +333,28 @@ class _Output(AgentOutput):
 
 
 class _Protocol(asyncio.DatagramProtocol):
-    def __init__(self, media: CallMedia) -> None:
-        self.media = media
+    def __init__(self, media: CallMedia | None = None) -> None:
+        self.media = media  # None while the port is reserved but the call not set up
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
-        self.media._on_datagram(data, (str(addr[0]), int(addr[1])))
+        if self.media is not None:
+            self.media._on_datagram(data, (str(addr[0]), int(addr[1])))
 
     def error_received(self, exc: Exception) -> None:
-        self.media.send_errors += 1  # ICMP port unreachable and the like: keep going
+        if self.media is not None:
+            self.media.send_errors += 1  # ICMP port unreachable and the like: keep going
+
+
+RtpLease = RtpPortLease[_Protocol]
+
+
+async def reserve_rtp_port(pool: RtpPortPool, host: str) -> RtpLease:
+    """Bind a port before the media parameters are known.
+
+    SIP needs our port for the SDP answer before the call's media can be built;
+    hand the lease to :class:`CallMedia` afterwards (packets before that are dropped).
+    """
+    return await pool.bind(host, _Protocol)
 
 
 class CallMedia:
@@ -354,6 +368,7 @@ class CallMedia:
         call: CallInfo | None = None,
         *,
         on_agent_event: Callable[[AgentEvent], None] | None = None,
+        lease: RtpLease | None = None,
     ) -> None:
         self.agent = agent
         self.pool = pool
@@ -383,7 +398,9 @@ class CallMedia:
         self.send_errors = 0
         self.agent_errors = 0
         self.dtmf_digits = 0
-        self._lease: RtpPortLease[_Protocol] | None = None
+        self._lease: RtpLease | None = lease
+        if lease is not None:
+            lease.protocol.media = self
         self._tasks: list[asyncio.Task[None]] = []
         self._talking = False
         self._wake_pending = False
@@ -449,13 +466,14 @@ class CallMedia:
 
     async def start(self) -> int:
         """Bind the RTP port, start the agent and the two loops; returns the local port."""
-        if self._lease is not None:
+        if self._tasks:
             raise RuntimeError("already started")
-        host = self.params.local_host
-        if host is None:
-            v6 = ipaddress.ip_address(self.params.remote_host).version == 6
-            host = "::" if v6 else "0.0.0.0"
-        self._lease = await self.pool.bind(host, lambda: _Protocol(self))
+        if self._lease is None:
+            host = self.params.local_host
+            if host is None:
+                v6 = ipaddress.ip_address(self.params.remote_host).version == 6
+                host = "::" if v6 else "0.0.0.0"
+            self._lease = await self.pool.bind(host, lambda: _Protocol(self))
         try:
             await self.agent.start(self.call, self.output)
         except BaseException:

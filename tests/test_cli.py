@@ -1,8 +1,27 @@
+"""The command line: `sip-bridge run` starts, says how to call it, stops cleanly on SIGTERM."""
+
+from __future__ import annotations
+
+import re
+import signal
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 from sip_bridge import __version__
-from sip_bridge.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "sip_bridge.cli", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def test_version_flag() -> None:
@@ -15,8 +34,52 @@ def test_version_flag() -> None:
     assert out.stdout.strip() == f"sip-bridge {__version__}"
 
 
-def test_run_says_what_exists(capsys) -> None:  # type: ignore[no-untyped-def]
-    assert main(["run"]) == 0
-    printed = capsys.readouterr().out
-    assert __version__ in printed
-    assert "SIP leg not built yet" in printed
+def test_run_prints_the_uri_answers_options_and_stops_on_sigterm() -> None:
+    proc = _cli(
+        "run", "--config", "config/bridge.toml", "--listen", "127.0.0.1:0",
+        "--rtp-ports", "45000-45099", "--max-calls", "3",
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        second = proc.stdout.readline()
+        assert first.startswith(f"sip-bridge {__version__} listening on udp+tcp 127.0.0.1:")
+        m = re.search(r"dial sip:echo@127\.0\.0\.1:(\d+)", second)
+        assert m, second
+        port = int(m.group(1))
+        # OPTIONS is the health check a PBX or load balancer sends.
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.bind(("127.0.0.1", 0))
+            s.settimeout(5)
+            local = s.getsockname()[1]
+            s.sendto(
+                (
+                    f"OPTIONS sip:echo@127.0.0.1:{port} SIP/2.0\r\n"
+                    f"Via: SIP/2.0/UDP 127.0.0.1:{local};branch=z9hG4bKcli1\r\n"
+                    f"From: <sip:probe@127.0.0.1>;tag=p\r\nTo: <sip:echo@127.0.0.1>\r\n"
+                    f"Call-ID: cli-options\r\nCSeq: 1 OPTIONS\r\nContent-Length: 0\r\n\r\n"
+                ).encode(),
+                ("127.0.0.1", port),
+            )
+            assert s.recv(4096).startswith(b"SIP/2.0 200 OK")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_config_and_port_errors_exit_2_with_the_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "bridge.toml"
+    bad.write_text("[sip]\nmax_calls = -1\n")
+    proc = _cli("run", "--config", str(bad))
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert f"{bad}:2: sip.max_calls: must be >= 0" in err
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        port = busy.getsockname()[1]
+        proc = _cli("run", "--listen", f"127.0.0.1:{port}")
+        _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2
+    assert f"127.0.0.1:{port}/udp is already in use" in err

@@ -35,7 +35,7 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("[sipp]\nlisten = 1\n", 1, "sipp", "unknown section"),
         ('[sip]\n\nmax_calls = "ten"\n', 3, "sip.max_calls", "expected int"),
         ('[sip]\nlisten = "localhost"\n', 2, "sip.listen", "HOST:PORT"),
-        ('[sip]\nlisten = "127.0.0.1:70000"\n', 2, "sip.listen", "out of range"),
+        ('[sip]\nlisten = "127.0.0.1:70000"\n', 2, "sip.listen", "out of range 0-65535"),
         ('[sip]\ntransports = ["udp", "sctp"]\n', 2, "sip.transports", "not one of udp, tcp"),
         ('[sip]\nexternal_address = "0.0.0.0"\n', 2, "sip.external_address", "wildcard"),
         ("[sip.timers]\nt1 = 0\n", 2, "sip.timers.t1", "> 0"),

@@ -1,0 +1,266 @@
+"""The running bridge: SIP transport + the sans-I/O UA + one media session per call.
+
+This is the only place where the pieces meet an event loop: datagrams go into
+:class:`~sip_bridge.ua.BridgeUA` with the loop's monotonic time, its events
+come out as bytes to send and calls to set up or tear down, and its next
+timer deadline is scheduled with ``loop.call_at``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from agent.base import Agent, AgentEvent, CallInfo, DtmfEvent, HangupEvent
+from agent.echo import EchoAgent
+from sip_bridge.config import BridgeConfig
+from sip_bridge.media import CallMedia, MediaParams, RtpLease, reserve_rtp_port
+from sip_bridge.offer_answer import NegotiatedMedia
+from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
+from sip_bridge.transport import Received, SipTransport
+from sip_bridge.ua import (
+    BridgeUA,
+    CallEnded,
+    CallEstablished,
+    CallOffered,
+    DtmfInfo,
+    MediaUpdated,
+    Send,
+    UaEvent,
+)
+
+__all__ = ["BridgeServer", "make_agent"]
+
+log = logging.getLogger(__name__)
+
+
+def make_agent(config: BridgeConfig) -> Agent:
+    """The configured agent for a new call."""
+    if config.agent.name == "echo":
+        return EchoAgent(delay_s=config.agent.echo_delay_s)
+    raise ValueError(f"unknown agent {config.agent.name!r}")
+
+
+@dataclass(eq=False)
+class _Call:
+    call_id: str
+    info: CallInfo
+    lease: RtpLease | None = None
+    media: CallMedia | None = None
+    ended: bool = False
+    limit: asyncio.TimerHandle | None = None
+
+
+class BridgeServer:
+    """Listens, answers, runs the agent of every call; `stop()` hangs up and closes."""
+
+    def __init__(
+        self, config: BridgeConfig, agent_factory: Callable[[BridgeConfig], Agent] = make_agent
+    ) -> None:
+        self.config = config
+        self.agent_factory = agent_factory
+        low, high = config.rtp.port_range
+        self.pool = RtpPortPool(low, high)
+        self.transport = SipTransport(self._on_received)
+        self.ua: BridgeUA | None = None
+        self.calls: dict[str, _Call] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.media_host = config.sip.listen_host
+        self.stats = {"offered": 0, "established": 0, "ended": 0}
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        sip = self.config.sip
+        await self.transport.start(sip.listen_host, sip.listen_port, sip.transports)
+        assert self.transport.local is not None
+        loop = asyncio.get_running_loop()
+        self.ua = BridgeUA(sip, self.transport.local[1], sip.advertised_host, loop.time())
+        self._schedule()
+
+    @property
+    def port(self) -> int:
+        assert self.transport.local is not None
+        return self.transport.local[1]
+
+    @property
+    def uri(self) -> str:
+        host = self.config.sip.advertised_host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"sip:{self.config.agent.name}@{host}:{self.port}"
+
+    async def stop(self, grace_s: float = 2.0) -> None:
+        """Hang up every call (BYE), give the BYEs a moment, then close everything."""
+        if self.ua is not None:
+            now = asyncio.get_running_loop().time()
+            for call_id in list(self.calls):
+                self._handle(self.ua.hangup(call_id, now, "shutting down"))
+            deadline = now + grace_s
+            while self.ua.transactions and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+        for t in list(self._tasks):
+            t.cancel()
+        for call in list(self.calls.values()):
+            await self._teardown(call, "shutting down")
+        if self._timer is not None:
+            self._timer.cancel()
+        await self.transport.close()
+
+    # -- SIP in, events out -------------------------------------------------------------------
+
+    def _on_received(self, r: Received) -> None:
+        ua = self.ua
+        if ua is None:
+            return
+        now = asyncio.get_running_loop().time()
+        if r.data is not None:
+            events = ua.receive_bytes(r.data, r.source, r.transport, now)
+        elif r.message is not None:
+            events = ua.receive_message(r.message, r.source, r.transport, now)
+        else:
+            log.info("dropped a broken SIP stream from %s: %s", r.source, r.error)
+            return
+        self._handle(events)
+
+    def _tick(self) -> None:
+        self._timer = None
+        if self.ua is not None:
+            self._handle(self.ua.tick(asyncio.get_running_loop().time()))
+
+    def _schedule(self) -> None:
+        if self.ua is None:
+            return
+        deadline = self.ua.next_deadline()
+        if self._timer is not None:
+            if deadline is not None and self._timer.when() <= deadline:
+                return
+            self._timer.cancel()
+            self._timer = None
+        if deadline is not None:
+            self._timer = asyncio.get_running_loop().call_at(deadline, self._tick)
+
+    def _handle(self, events: list[UaEvent]) -> None:
+        for ev in events:
+            if isinstance(ev, Send):
+                self.transport.send_nowait(ev.data, ev.destination, ev.transport)
+            elif isinstance(ev, CallOffered):
+                self.stats["offered"] += 1
+                self._spawn(self._offered(ev))
+            elif isinstance(ev, CallEstablished):
+                self.stats["established"] += 1
+                self._spawn(self._established(ev.call_id, ev.media))
+            elif isinstance(ev, CallEnded):
+                self.stats["ended"] += 1
+                call = self.calls.get(ev.call_id)
+                log.info("call %s ended by %s: %s", ev.call_id, ev.by, ev.reason)
+                if call is not None:
+                    self._spawn(self._teardown(call, ev.reason))
+            elif isinstance(ev, DtmfInfo):
+                call = self.calls.get(ev.call_id)
+                if call is not None and call.media is not None:
+                    call.media.agent.on_event(DtmfEvent(ev.digit))
+            elif isinstance(ev, MediaUpdated):
+                log.info("call %s: media updated by re-INVITE (%s)", ev.call_id, ev.media)
+        self._schedule()
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("call task failed", exc_info=task.exception())
+
+    # -- calls ---------------------------------------------------------------------------------
+
+    async def _offered(self, ev: CallOffered) -> None:
+        ua = self.ua
+        assert ua is not None
+        loop = asyncio.get_running_loop()
+        info = CallInfo(ev.call_id, caller=ev.from_uri, callee=ev.request_uri)
+        call = _Call(ev.call_id, info)
+        self.calls[ev.call_id] = call
+        try:
+            call.lease = await reserve_rtp_port(self.pool, self.media_host)
+        except PortsExhausted as exc:
+            log.warning("call %s refused: %s", ev.call_id, exc)
+            self._handle(ua.reject(ev.call_id, 503, loop.time()))
+            return
+        if call.ended:  # cancelled while we were binding
+            await call.lease.aclose()
+            return
+        ring = self.config.sip.answer_after_s
+        if ring > 0:
+            self._handle(ua.ring(ev.call_id, loop.time()))
+            await asyncio.sleep(ring)
+        if not call.ended:
+            self._handle(ua.answer(ev.call_id, call.lease.port, loop.time()))
+
+    async def _established(self, call_id: str, neg: NegotiatedMedia) -> None:
+        call = self.calls.get(call_id)
+        if call is None or call.ended or call.lease is None:
+            return
+        loop = asyncio.get_running_loop()
+        symmetric = self.config.rtp.symmetric
+        latch = symmetric == "on" or (symmetric == "auto" and neg.remote_is_private)
+        try:
+            params = MediaParams(
+                neg.remote_address,
+                neg.remote_port,
+                payload_type=neg.payload_type,
+                telephone_event_pt=neg.recv_telephone_event_pt,
+                ptime_ms=neg.ptime,
+                latch=latch,
+                jitter_min_ms=self.config.jitter.min_delay_ms,
+                jitter_max_ms=self.config.jitter.max_delay_ms,
+            )
+        except ValueError as exc:
+            log.warning("call %s: unusable media (%s); hanging up", call_id, exc)
+            self._hangup(call_id, "unusable media")
+            return
+        agent = self.agent_factory(self.config)
+        info = CallInfo(call_id, call.info.caller, call.info.callee, codec=neg.codec)
+        media = CallMedia(
+            agent,
+            self.pool,
+            params,
+            info,
+            on_agent_event=lambda e: self._agent_event(call_id, e),
+            lease=call.lease,
+        )
+        call.media = media
+        await media.start()
+        if call.ended:  # hung up while the media was starting: _teardown saw no media yet
+            await media.close("ended during setup")
+            return
+        log.info("call %s answered: %s", call_id, media.describe())
+        limit = self.config.sip.max_call_s
+        if limit > 0:
+            call.limit = loop.call_later(limit, self._hangup, call_id, "call length limit")
+
+    def _agent_event(self, call_id: str, event: AgentEvent) -> None:
+        if isinstance(event, HangupEvent):
+            self._hangup(call_id, event.reason or "agent hung up")
+
+    def _hangup(self, call_id: str, reason: str) -> None:
+        if self.ua is not None:
+            self._handle(self.ua.hangup(call_id, asyncio.get_running_loop().time(), reason))
+
+    async def _teardown(self, call: _Call, reason: str) -> None:
+        if call.ended:
+            return
+        call.ended = True
+        self.calls.pop(call.call_id, None)
+        if call.limit is not None:
+            call.limit.cancel()
+        if call.media is not None:
+            await call.media.close(reason)
+        elif call.lease is not None and not call.lease.transport.is_closing():
+            await call.lease.aclose()

@@ -1,0 +1,147 @@
+"""sipp (a real, widely used SIP test tool) calls the bridge over loopback.
+
+Each scenario in tests/sipp/ checks what it receives (status codes, SDP lines,
+headers) and sipp exits non-zero on any deviation; the bridge runs in this
+process so the test can also look at its state afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sip_bridge.config import BridgeConfig, SipConfig, TimersConfig
+from sip_bridge.server import BridgeServer
+
+SCENARIOS = Path(__file__).parent / "sipp"
+SIPP = shutil.which("sipp")
+
+
+def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _config(**sip: object) -> BridgeConfig:
+    timers = sip.pop("timers", TimersConfig())
+    base = BridgeConfig()
+    sip_cfg = replace(base.sip, listen="127.0.0.1:0", timers=timers, **sip)  # type: ignore[arg-type]
+    assert isinstance(sip_cfg, SipConfig)
+    rtp = replace(base.rtp, ports="41000-41999")
+    return replace(base, sip=sip_cfg, rtp=rtp)
+
+
+async def _sipp(
+    server: BridgeServer, scenario: str, *args: str, timeout: float = 40, log: Path | None = None
+) -> str:
+    # Not a skip: `make test` installs Debian's sip-tester, so a missing sipp is a broken setup.
+    assert SIPP is not None, "sipp not found: run `make setup` (apt package sip-tester)"
+    cmd = [
+        SIPP,
+        f"127.0.0.1:{server.port}",
+        "-sf", str(SCENARIOS / scenario),
+        "-i", "127.0.0.1",
+        "-p", str(_free_port()),
+        "-mp", str(_free_port()),
+        "-timeout", f"{int(timeout)}s",
+        "-timeout_error",
+        "-nostdin",
+        *(["-trace_msg", "-message_file", str(log)] if log else []),
+        *args,
+    ]  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout + 10)
+    text = out.decode(errors="replace")
+    assert proc.returncode == 0, f"sipp {scenario} failed (rc={proc.returncode}):\n{text[-3000:]}"
+    return text
+
+
+def _run(config: BridgeConfig, scenario: str, *args: str, settle_s: float = 0.3) -> BridgeServer:
+    async def main() -> BridgeServer:
+        server = BridgeServer(config)
+        await server.start()
+        try:
+            await _sipp(server, scenario, "-m", "1", *args)
+            await asyncio.sleep(settle_s)
+        finally:
+            await server.stop()
+        return server
+
+    return asyncio.run(main())
+
+
+@pytest.mark.parametrize(
+    ("scenario", "sip"),
+    [
+        ("uac_basic.xml", {}),
+        ("uac_delayed_offer.xml", {}),
+        ("uac_cancel.xml", {"answer_after_s": 3.0}),
+        ("uac_488.xml", {}),
+        ("uac_503.xml", {"max_calls": 0}),
+        ("uac_bye_from_bridge.xml", {"max_call_s": 1.0}),
+        ("uac_retrans_invite.xml", {"answer_after_s": 1.0}),
+    ],
+)
+def test_sipp_scenario(scenario: str, sip: dict[str, object]) -> None:
+    server = _run(_config(**sip), scenario)
+    assert server.calls == {}
+    assert server.ua is not None and server.ua.active_calls == 0
+    # Every call the UA offered ended exactly once; a retransmitted INVITE made no second call.
+    offered = 0 if scenario in ("uac_488.xml", "uac_503.xml") else 1
+    assert server.stats["offered"] == server.stats["ended"] == offered
+
+
+def test_unacked_487_is_retransmitted_until_the_ack(tmp_path: Path) -> None:
+    """sipp holds its ACK for 1.5 s: Timer G (T1 = 0.2 s) must repeat the 487 meanwhile."""
+    log = tmp_path / "messages.log"
+
+    async def main() -> None:
+        server = BridgeServer(_config(answer_after_s=3.0, timers=TimersConfig(t1=0.2)))
+        await server.start()
+        try:
+            await _sipp(server, "uac_lost_487.xml", "-m", "1", log=log)
+            await asyncio.sleep(1.0)  # anything after the ACK would be a bug
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    text = log.read_text(errors="replace")
+    copies = text.count("SIP/2.0 487 Request Terminated")
+    # at 0, 0.2, 0.6, 1.4 s -> 4 copies before the ACK at 1.5 s (timing slack: >= 3)
+    assert 3 <= copies <= 5, text[-2000:]
+    assert text.rfind("SIP/2.0 487") < text.rfind("ACK sip:")  # none after the ACK
+
+
+def test_lost_ack_gets_200_retransmissions_then_bye() -> None:
+    """No ACK for our 200: retransmitted, then BYE after 64*T1 (T1 = 0.1 s here)."""
+    _run(_config(timers=TimersConfig(t1=0.1)), "uac_lost_ack.xml")
+
+
+def test_a_thousand_unacked_rejections_leave_nothing_behind() -> None:
+    """A scanner's INVITEs, rejected (503) and never ACKed: all state gone after Timer H."""
+    t1 = 0.05
+
+    async def main() -> None:
+        server = BridgeServer(_config(max_calls=0, timers=TimersConfig(t1=t1)))
+        await server.start()
+        try:
+            await _sipp(server, "uac_flood_no_ack.xml", "-m", "1000", "-r", "500", "-l", "1000")
+            assert server.ua is not None
+            deadline = asyncio.get_running_loop().time() + 64 * t1 + 2.0
+            while server.ua.transactions and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.1)
+            assert server.ua.transactions == 0
+            assert server.ua.active_calls == 0
+            assert server.calls == {}
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
