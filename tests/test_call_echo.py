@@ -55,6 +55,7 @@ async def _recv_final(sock: socket.socket) -> SipResponse:
 
 
 def test_caller_hears_its_tone_echoed_after_the_configured_delay() -> None:
+    """...while 200 garbage datagrams hit the SIP port and the call's RTP port."""
     base = BridgeConfig()
     config = replace(
         base,
@@ -103,6 +104,15 @@ def test_caller_hears_its_tone_echoed_after_the_configured_delay() -> None:
                         received.append((loop.time(), got))
 
             listener = asyncio.create_task(listen())
+            # Hostile noise at both ports mid-call: it must not disturb the call.
+            rng = random.Random(7)
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as noise:
+                for n in range(200):
+                    junk = bytes(rng.getrandbits(8) for _ in range(rng.randint(1, 300)))
+                    if n % 4 == 0:  # SIP-looking garbage too
+                        junk = b"INVITE sip:x SIP/2.0\r\nVia: ???\r\n\r\n" + junk
+                    noise.sendto(junk, ("127.0.0.1", server.port))
+                    noise.sendto(junk, bridge_rtp)
             t0 = loop.time()
             for k in range(len(audio) // 160):
                 await asyncio.sleep(max(0.0, t0 + 0.02 * k - loop.time()))
@@ -114,6 +124,9 @@ def test_caller_hears_its_tone_echoed_after_the_configured_delay() -> None:
                 _request("BYE", server.port, local, rtp_port, 2, to_tag), ("127.0.0.1", server.port)
             )
             assert (await _recv_final(sip)).status == 200
+            # One call, set up and ended once; the garbage created nothing.
+            assert server.stats == {"offered": 1, "established": 1, "ended": 1}
+            assert server.ua is not None and server.ua.active_calls == 0
         finally:
             sip.close()
             rtp.close()
