@@ -95,13 +95,8 @@ SUPPORTED: tuple[str, ...] = ()  # option tags we implement: none yet (no 100rel
 ACCEPT = "application/sdp, application/dtmf-relay"
 
 
-@dataclass(frozen=True, slots=True)
-class Send:
-    """Bytes the transport must send."""
-
-    data: bytes
-    destination: Address
-    transport: str
+# Bytes the transport must send: the transaction layer's event, passed through as is.
+Send = SendMessage
 
 
 @dataclass(frozen=True, slots=True)
@@ -312,7 +307,7 @@ class BridgeUA:
         out: list[UaEvent] = []
         for ev in events:
             if isinstance(ev, SendMessage):
-                out.append(Send(ev.data, ev.destination, ev.transport))
+                out.append(ev)
             elif isinstance(ev, RequestReceived):
                 out += self._on_request(ev, transport, now)
             elif isinstance(ev, AckReceived):

@@ -22,7 +22,8 @@ from agent import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent, EchoAgent
 from jitter import JitterBuffer
 from resample import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from sip_bridge.dtmf import DtmfSender
-from sip_bridge.media import CallMedia, MediaParams, Pacer, RtpReceiver, next_tick
+from sip_bridge.media import CallMedia, MediaParams, RtpReceiver
+from sip_bridge.pacer import Pacer, next_tick
 from sip_bridge.rtp import RtpPacket, RtpSender, unwrap_seq
 from sip_bridge.rtp_ports import RtpPortPool
 
