@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import sys
 
@@ -55,6 +56,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "run":
         parser.print_help()
         return 0
+    # Hundreds of calls each doing tiny matrix products: BLAS worker threads only add
+    # wake-ups and spinning. Set before numpy is first imported (the server imports it);
+    # an operator's own setting wins.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
