@@ -90,6 +90,11 @@ class JitterConfig:
 class AgentConfig:
     name: str = "echo"
     echo_delay_s: float = 0.5
+    tone_freq_hz: float = 1000.0
+    tone_level_dbfs: float = -10.0
+    playback_file: str = ""
+    playback_loop: bool = False
+    playback_hangup_at_end: bool = True
 
 
 @dataclass(frozen=True)
@@ -127,7 +132,7 @@ class BridgeConfig:
         return cfg
 
 
-AGENTS = ("echo",)
+AGENTS = ("echo", "tone", "playback")
 TRANSPORTS = ("udp", "tcp")
 SYMMETRIC = ("off", "auto", "on")
 
@@ -147,8 +152,10 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "sip.timers": {"t1": (int, float), "t2": (int, float), "t4": (int, float)},
     "rtp": {"ports": (str,), "symmetric": (str,)},
     "jitter": {"min_delay_ms": (int,), "max_delay_ms": (int,)},
-    "agent": {"name": (str,), "echo": (dict,)},
+    "agent": {"name": (str,), "echo": (dict,), "tone": (dict,), "playback": (dict,)},
     "agent.echo": {"delay_s": (int, float)},
+    "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
+    "agent.playback": {"file": (str,), "loop": (bool,), "hangup_at_end": (bool,)},
 }
 
 
@@ -235,7 +242,7 @@ def _walk_section(section: str, value: Any, text: str, path: str) -> None:
                 path, line, dotted, f"unknown key; allowed: {', '.join(sorted(schema))}"
             )
         types = schema[key]
-        if isinstance(v, bool) or not isinstance(v, types):
+        if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
             want = " or ".join("table" if t is dict else t.__name__ for t in types)
             raise ConfigError(path, line, dotted, f"expected {want}, got {v!r}")
         if isinstance(v, dict):
@@ -295,10 +302,35 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         )  # fmt: skip
     agent = dict(data.get("agent", {}))
     echo = agent.pop("echo", {})
-    agent_cfg = AgentConfig(echo_delay_s=float(echo.get("delay_s", 0.5)), **agent)
+    tone = agent.pop("tone", {})
+    playback = agent.pop("playback", {})
+    agent_cfg = AgentConfig(
+        echo_delay_s=float(echo.get("delay_s", 0.5)),
+        tone_freq_hz=float(tone.get("freq_hz", 1000.0)),
+        tone_level_dbfs=float(tone.get("level_dbfs", -10.0)),
+        playback_file=str(playback.get("file", "")),
+        playback_loop=bool(playback.get("loop", False)),
+        playback_hangup_at_end=bool(playback.get("hangup_at_end", True)),
+        **agent,
+    )
     _check_choice(agent_cfg.name, AGENTS, p, _line_of(text, "agent", "name"), "agent.name")
     if not 0 <= agent_cfg.echo_delay_s <= 10:
         raise ConfigError(
             p, _line_of(text, "agent.echo", "delay_s"), "agent.echo.delay_s", "must be 0..10 s"
         )
+    if not 20 <= agent_cfg.tone_freq_hz <= 3400:
+        key = "agent.tone.freq_hz"
+        raise ConfigError(p, _line_of(text, "agent.tone", "freq_hz"), key, "must be 20..3400 Hz")
+    if not -60 <= agent_cfg.tone_level_dbfs <= 0:
+        key = "agent.tone.level_dbfs"
+        raise ConfigError(p, _line_of(text, "agent.tone", "level_dbfs"), key, "must be -60..0")
+    if agent_cfg.name == "playback" or agent_cfg.playback_file:
+        wav = Path(agent_cfg.playback_file)
+        if not wav.is_absolute():
+            wav = Path(p).resolve().parent / wav  # relative to the config file
+        if not wav.is_file():
+            line = _line_of(text, "agent.playback", "file") or _line_of(text, "agent", "name")
+            what = f"no such file: {wav}" if agent_cfg.playback_file else "is required"
+            raise ConfigError(p, line, "agent.playback.file", what)
+        agent_cfg = replace(agent_cfg, playback_file=str(wav))
     return BridgeConfig(sip=sip_cfg, rtp=rtp, jitter=jitter, agent=agent_cfg, path=p)

@@ -16,6 +16,8 @@ from typing import Any
 
 from agent.base import Agent, AgentEvent, CallInfo, DtmfEvent, HangupEvent
 from agent.echo import EchoAgent
+from agent.playback import PlaybackAgent
+from agent.tone import ToneAgent
 from sip_bridge.config import BridgeConfig
 from sip_bridge.media import CallMedia, MediaParams, RtpLease, reserve_rtp_port
 from sip_bridge.offer_answer import NegotiatedMedia
@@ -39,9 +41,16 @@ log = logging.getLogger(__name__)
 
 def make_agent(config: BridgeConfig) -> Agent:
     """The configured agent for a new call."""
-    if config.agent.name == "echo":
-        return EchoAgent(delay_s=config.agent.echo_delay_s)
-    raise ValueError(f"unknown agent {config.agent.name!r}")
+    a = config.agent
+    if a.name == "echo":
+        return EchoAgent(delay_s=a.echo_delay_s)
+    if a.name == "tone":
+        return ToneAgent(freq_hz=a.tone_freq_hz, level_dbfs=a.tone_level_dbfs)
+    if a.name == "playback":
+        return PlaybackAgent(
+            a.playback_file, loop=a.playback_loop, hangup_at_end=a.playback_hangup_at_end
+        )
+    raise ValueError(f"unknown agent {a.name!r}")
 
 
 @dataclass(eq=False)

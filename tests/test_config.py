@@ -44,6 +44,10 @@ def _write(tmp_path: Path, text: str) -> Path:
         ('[agent]\nname = "eliza"\n', 2, "agent.name", "not one of echo"),
         ("[agent.echo]\ndelay_s = 99\n", 2, "agent.echo.delay_s", "0..10"),
         ("[sip]\nanswer_after_s = 61\n", 2, "sip.answer_after_s", "0..60"),
+        ("[agent.tone]\nfreq_hz = 5000\n", 2, "agent.tone.freq_hz", "20..3400"),
+        ("[agent.playback]\nloop = 1\n", 2, "agent.playback.loop", "expected bool"),
+        ('[agent]\nname = "playback"\n', 2, "agent.playback.file", "is required"),
+        ('[agent.playback]\nfile = "missing.wav"\n', 2, "agent.playback.file", "no such file"),
         ("[sip]\nmax_call_s = -1\n", 2, "sip.max_call_s", ">= 0"),
         ("[sip\nlisten=1\n", 1, "syntax", ""),
     ],
@@ -77,3 +81,32 @@ def test_command_line_overrides_are_validated() -> None:
         BridgeConfig().with_overrides(rtp_ports="5-6")
     with pytest.raises(ConfigError, match="--agent"):
         BridgeConfig().with_overrides(agent="nobody")
+
+
+def test_line_check_agents_from_the_file(tmp_path: Path) -> None:
+    import wave
+
+    import numpy as np
+
+    from agent import EchoAgent, PlaybackAgent, ToneAgent
+    from sip_bridge.server import make_agent
+
+    with wave.open(str(tmp_path / "prompt.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(np.zeros(800, "<i2").tobytes())
+    cfg = load_config(
+        _write(
+            tmp_path,
+            '[agent]\nname = "playback"\n[agent.playback]\nfile = "prompt.wav"\nloop = true\n',
+        )
+    )
+    assert cfg.agent.playback_file == str(tmp_path / "prompt.wav")  # relative to the file
+    playback = make_agent(cfg)
+    assert isinstance(playback, PlaybackAgent) and playback.duration_s == 0.1
+    tone = make_agent(
+        load_config(_write(tmp_path, '[agent]\nname = "tone"\n[agent.tone]\nfreq_hz = 440\n'))
+    )
+    assert isinstance(tone, ToneAgent)
+    assert isinstance(make_agent(BridgeConfig()), EchoAgent)
