@@ -26,7 +26,41 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rtp-ports", metavar="LOW-HIGH", help="override rtp.ports")
     run.add_argument("--max-calls", metavar="N", type=int, help="override sip.max_calls")
     run.add_argument("-v", "--verbose", action="store_true", help="log every call")
+    call = sub.add_parser("call", help="place one outbound call: play a WAV, record the answer")
+    call.add_argument("uri", metavar="SIP_URI", help="whom to call, e.g. sip:echo@192.0.2.1")
+    call.add_argument("--play", metavar="FILE.wav", required=True, help="16-bit PCM WAV to say")
+    call.add_argument("--record", metavar="OUT.wav", required=True, help="8 kHz WAV of the reply")
+    call.add_argument("--duration", metavar="S", type=float, help="seconds after answer")
+    call.add_argument("--dtmf", metavar="DIGITS", default="", help="sent as SIP INFO")
+    call.add_argument("--rtp-ports", metavar="LOW-HIGH", default="40000-40999")
+    call.add_argument("--timeout", metavar="S", type=float, default=30.0, help="ring timeout")
+    call.add_argument("-v", "--verbose", action="store_true", help="log SIP and media events")
     return parser
+
+
+async def run_call(args: argparse.Namespace) -> int:
+    """``sip-bridge call``: 0 when the call was answered and ended, 1 when it failed."""
+    from pathlib import Path
+
+    from sip_bridge.caller import CallOptions, place_call
+
+    low, _, high = args.rtp_ports.partition("-")
+    opts = CallOptions(
+        args.uri,
+        Path(args.play),
+        Path(args.record),
+        duration_s=args.duration,
+        dtmf=args.dtmf,
+        rtp_ports=(int(low), int(high or low)),
+        answer_timeout_s=args.timeout,
+    )
+    result = await place_call(opts)
+    if not result.answered:
+        print(f"call failed: {result.status} {result.reason}", flush=True)
+        return 1
+    print(f"call answered ({result.status}), ended: {result.reason}", flush=True)
+    print(f"recorded {result.recorded_s:.2f} s to {args.record}", flush=True)
+    return 0
 
 
 async def _serve(args: argparse.Namespace) -> int:
@@ -53,6 +87,13 @@ async def _serve(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "call":
+        logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
+        try:
+            return asyncio.run(run_call(args))
+        except (OSError, ValueError) as exc:  # unreadable WAV, bad URI, no route, ...
+            print(f"sip-bridge call: {exc}", file=sys.stderr)
+            return 2
     if args.command != "run":
         parser.print_help()
         return 0

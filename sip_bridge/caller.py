@@ -1,0 +1,177 @@
+"""The asyncio runner of one outbound call: ``sip-bridge call URI --play F --record OUT``.
+
+It owns the I/O around the sans-I/O :class:`~sip_bridge.uac.OutboundCall`: a UDP
+:class:`~sip_bridge.transport.SipTransport` on an ephemeral port, an RTP port, and the
+:class:`~sip_bridge.media.CallMedia` chain with a :class:`~agent.play_record.PlayRecordAgent`.
+
+DTMF goes out as SIP INFO (``application/dtmf-relay``), not RFC 4733: the media session's
+pacer owns the RTP sequence and timestamp space and offers no way to hand it event
+packets without interleaving them with audio, which 4733 forbids for the same stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.base import CallInfo
+from agent.play_record import PlayRecordAgent
+from agent.playback import load_wav
+from sip_bridge.media import CallMedia, MediaParams, reserve_rtp_port
+from sip_bridge.message import SipUri
+from sip_bridge.offer_answer import MediaConfig, NegotiatedMedia
+from sip_bridge.rtp_ports import RtpPortPool
+from sip_bridge.transaction import SendMessage
+from sip_bridge.transport import Received, SipTransport
+from sip_bridge.uac import CallAnswered, CallEnded, CallFailed, OutboundCall, UacEvent, UacState
+
+__all__ = ["CallOptions", "CallResult", "place_call"]
+
+AGENT_RATE = 24000
+
+
+@dataclass(frozen=True)
+class CallOptions:
+    """What ``sip-bridge call`` was asked to do."""
+
+    target: str  # sip:user@host[:port]
+    play: Path
+    record: Path
+    duration_s: float | None = None  # after answer; default: the file's length + tail_s
+    dtmf: str = ""  # digits sent as SIP INFO, 0.5 s after answer, 0.3 s apart
+    rtp_ports: tuple[int, int] = (40000, 40999)
+    answer_timeout_s: float = 30.0
+    tail_s: float = 1.0
+    local_host: str | None = None  # default: the address that routes to the target
+
+
+@dataclass(frozen=True)
+class CallResult:
+    answered: bool
+    status: int  # final status of the INVITE (0 if none came)
+    reason: str
+    recorded_s: float
+    media: NegotiatedMedia | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.answered
+
+
+def _local_address_for(dest: tuple[str, int]) -> str:
+    """The source address the OS would use towards ``dest`` (a connected UDP socket sends
+    nothing; it only asks the routing table)."""
+    family = socket.AF_INET6 if ":" in dest[0] else socket.AF_INET
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect(dest)
+        return str(s.getsockname()[0])
+
+
+async def _resolve(uri: SipUri) -> tuple[str, int]:
+    host, port = uri.host.strip("[]"), uri.port or 5060
+    try:
+        ipaddress.ip_address(host)
+        return host, port
+    except ValueError:
+        infos = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_DGRAM)
+        return str(infos[0][4][0]), port
+
+
+async def place_call(opts: CallOptions) -> CallResult:
+    """Make the call, play the file, record what comes back, hang up; never raises for SIP
+    failures (they are in the result)."""
+    loop = asyncio.get_running_loop()
+    audio = load_wav(opts.play, AGENT_RATE)
+    agent = PlayRecordAgent(audio, AGENT_RATE)
+    dest = await _resolve(SipUri.parse(opts.target))
+    host = opts.local_host or _local_address_for(dest)
+    inbox: asyncio.Queue[Received | str] = asyncio.Queue()
+    sip = SipTransport(inbox.put_nowait)
+    await sip.start(host, 0, ("udp",))
+    assert sip.local is not None
+    pool = RtpPortPool(*opts.rtp_ports)
+    lease = await reserve_rtp_port(pool, host)
+    uac = OutboundCall(
+        opts.target,
+        sip.local,
+        dest,
+        MediaConfig(host, lease.port),
+        answer_timeout_s=opts.answer_timeout_s,
+    )
+    media: CallMedia | None = None
+    timers: list[asyncio.TimerHandle] = []
+    answered: CallAnswered | None = None
+    result: CallResult | None = None
+
+    def later(delay: float, item: str) -> None:
+        timers.append(loop.call_later(delay, inbox.put_nowait, item))
+
+    def on_agent_event(_event: object) -> None:
+        inbox.put_nowait("hangup")  # the agent's only event is a hang-up request
+
+    try:
+        events: list[UacEvent] = uac.start(loop.time())
+        while result is None:
+            for ev in events:
+                if isinstance(ev, SendMessage):
+                    sip.send_nowait(ev.data, ev.destination, ev.transport)
+                elif isinstance(ev, CallAnswered):
+                    answered = ev
+                    params = MediaParams(
+                        ev.media.remote_address,
+                        ev.media.remote_port,
+                        payload_type=ev.media.payload_type,
+                        telephone_event_pt=ev.media.recv_telephone_event_pt,
+                        ptime_ms=ev.media.ptime,
+                        latch=ev.media.remote_is_private,
+                    )
+                    info = CallInfo(uac.dialog.call_id if uac.dialog else "", callee=opts.target)
+                    media = CallMedia(
+                        agent, pool, params, info, on_agent_event=on_agent_event, lease=lease
+                    )
+                    await media.start()
+                    duration = opts.duration_s
+                    if duration is None:
+                        duration = audio.size / AGENT_RATE + opts.tail_s
+                    later(duration, "hangup")
+                    for i, digit in enumerate(opts.dtmf):
+                        later(0.5 + 0.3 * i, f"dtmf:{digit}")
+                elif isinstance(ev, CallFailed):
+                    result = CallResult(False, ev.status, ev.reason, 0.0)
+                elif isinstance(ev, CallEnded) and answered is not None:
+                    status = answered.response.status
+                    result = CallResult(True, status, ev.reason, 0.0, answered.media)
+            if result is not None:
+                break
+            deadline = uac.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                item: Received | str | None = await asyncio.wait_for(inbox.get(), timeout)
+            except TimeoutError:
+                item = None
+            now = loop.time()
+            events = []
+            if isinstance(item, Received) and item.data is not None:
+                events = uac.receive(item.data, item.source, now)
+            elif item == "hangup":
+                events = uac.hangup(now)
+            elif (
+                isinstance(item, str)
+                and item.startswith("dtmf:")
+                and uac.state is UacState.CONFIRMED
+            ):
+                events = uac.send_dtmf_info(item[5:], now)
+            events += uac.tick(now)
+    finally:
+        for t in timers:
+            t.cancel()
+        if media is not None:
+            await media.close("call ended")
+        else:
+            await lease.aclose()
+        await sip.close()
+    recorded = agent.save(opts.record) if answered is not None else 0.0
+    return CallResult(result.answered, result.status, result.reason, recorded, result.media)
