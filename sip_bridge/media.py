@@ -24,6 +24,8 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import logging
+import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -32,41 +34,27 @@ from numpy.typing import NDArray
 
 from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent, HangupEvent
 from jitter import JitterBuffer, JitterStats, PlayoutBuffer
-from resample import Resampler, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from resample import Resampler
 from sip_bridge.dtmf import DtmfDigit, DtmfReceiver
+from sip_bridge.media_rtcp import RtcpLink, RtcpPeerStats, RtcpProtocol
 from sip_bridge.pacer import Pacer, next_tick
-from sip_bridge.rtp import RtpError, RtpPacket, RtpSender, looks_like_rtcp
+from sip_bridge.rtcp import NTP_UNIX_OFFSET
+from sip_bridge.rtcp_session import RtcpSession
+from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.rtp_ports import RtpPortLease, RtpPortPool
+from sip_bridge.rtp_receiver import CODECS, RATE, RtpReceiver, addr_key
 
 __all__ = [
     "CODECS",
     "CallMedia",
-    "Codec",
     "MediaParams",
     "MediaStats",
-    "Pacer",
+    "RtpLease",
     "RtpReceiver",
-    "next_tick",
+    "reserve_rtp_port",
 ]
 
 log = logging.getLogger(__name__)
-
-RATE = 8000
-CN_PAYLOAD_TYPE = 13
-SSRC_SWITCH_PACKETS = 3  # consecutive packets of a new SSRC before we follow it
-
-
-@dataclass(frozen=True, slots=True)
-class Codec:
-    name: str
-    encode: Callable[[NDArray[np.int16]], NDArray[np.uint8]]
-    decode: Callable[[NDArray[np.uint8] | bytes], NDArray[np.int16]]
-
-
-CODECS: dict[int, Codec] = {
-    0: Codec("PCMU", ulaw_encode, ulaw_decode),
-    8: Codec("PCMA", alaw_encode, alaw_decode),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +71,10 @@ class MediaParams:
     jitter_min_ms: float = 20
     jitter_max_ms: float = 200
     max_queue_ms: float = 60_000  # cap on queued agent audio (oldest dropped beyond)
+    rtcp_port: int | None = None  # the peer's RTCP port (a=rtcp); None: remote_port + 1
+    rtcp_mux: bool = False  # RTCP on the RTP ports both ways (RFC 5761)
+    send: bool = True  # False while the peer holds us (recvonly/inactive): send no RTP
+    receive: bool = True  # False when the peer will not send: incoming audio is ignored
 
     def __post_init__(self) -> None:
         if self.payload_type not in CODECS:
@@ -90,105 +82,10 @@ class MediaParams:
         ipaddress.ip_address(self.remote_host)  # ValueError for a name
         if not 0 < self.remote_port < 65536:
             raise ValueError("remote_port out of range")
+        if self.rtcp_port is not None and not 0 < self.rtcp_port < 65536:
+            raise ValueError("rtcp_port out of range")
         if self.ptime_ms <= 0 or (RATE * self.ptime_ms) % 1000:
             raise ValueError("ptime_ms must be a positive whole number of samples")
-
-
-def addr_key(host: str, port: int) -> tuple[str, int]:
-    """Canonical (ip, port), with IPv4-mapped IPv6 turned back into IPv4."""
-    try:
-        ip = ipaddress.ip_address(host.split("%", 1)[0])
-    except ValueError:
-        return host, port
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped
-    return str(ip), port
-
-
-@dataclass
-class RtpReceiver:
-    """Sans-I/O receive side: ``receive(datagram, source, now)`` and the counters."""
-
-    jb: JitterBuffer
-    codec: Codec
-    payload_type: int
-    remote: tuple[str, int]
-    latch: bool = False
-    dtmf: DtmfReceiver | None = None
-    latched: bool = False
-    packets: int = 0  # every datagram
-    accepted: int = 0  # audio / CN packets pushed into the jitter buffer
-    malformed: int = 0
-    rtcp: int = 0
-    wrong_source: int = 0
-    wrong_payload_type: int = 0
-    wrong_ssrc: int = 0
-    dtmf_packets: int = 0
-    ssrc: int | None = None
-    _candidate: tuple[int, int] = field(default=(-1, 0))  # (ssrc, consecutive packets)
-
-    def receive(self, data: bytes, source: tuple[str, int], now: float) -> list[DtmfDigit]:
-        """One datagram that arrived at ``now``; returns completed DTMF key presses."""
-        self.packets += 1
-        if looks_like_rtcp(data):
-            self.rtcp += 1  # RTCP muxed on the RTP port: not handled yet
-            return []
-        try:
-            pkt = RtpPacket.parse(data)
-        except RtpError:
-            self.malformed += 1
-            return []
-        src = addr_key(*source[:2])
-        is_event = self.dtmf is not None and pkt.payload_type == self.dtmf.payload_type
-        known = pkt.payload_type in (self.payload_type, CN_PAYLOAD_TYPE) or is_event
-        if src != self.remote:
-            if not (self.latch and not self.latched and known):
-                self.wrong_source += 1
-                return []
-            self.remote = src
-        if not known:
-            self.wrong_payload_type += 1
-            return []
-        if self.latch:
-            self.latched = True
-        if is_event:
-            assert self.dtmf is not None
-            self.dtmf_packets += 1
-            return self.dtmf.feed(pkt)
-        if not self._ssrc_ok(pkt.ssrc):
-            self.wrong_ssrc += 1
-            return []
-        try:
-            if pkt.payload_type == CN_PAYLOAD_TYPE:
-                level = pkt.payload[0] & 0x7F if pkt.payload else 127
-                self.jb.push_comfort_noise(pkt.sequence, pkt.timestamp, level, now, pkt.ssrc)
-            else:
-                pcm = self.codec.decode(pkt.payload)
-                self.jb.push(pkt.sequence, pkt.timestamp, pcm, now, pkt.marker, pkt.ssrc)
-        except ValueError:  # e.g. an empty payload
-            self.malformed += 1
-            return []
-        self.accepted += 1
-        return []
-
-    def _ssrc_ok(self, ssrc: int) -> bool:
-        """Lock on the first SSRC; follow a new one only after a few packets in a row.
-
-        A lone stray packet cannot reset the jitter buffer, but a real stream change
-        (re-INVITE, transfer inside the PBX) is followed within a few packets.
-        """
-        if self.ssrc is None or ssrc == self.ssrc:
-            self.ssrc = ssrc
-            self._candidate = (-1, 0)
-            return True
-        cand, count = self._candidate
-        count = count + 1 if cand == ssrc else 1
-        self._candidate = (ssrc, count)
-        if count >= SSRC_SWITCH_PACKETS:
-            self.ssrc = ssrc
-            self._candidate = (-1, 0)
-            return True
-        return False
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +115,9 @@ class MediaStats:
     playout_underrun_frames: int
     playout_queued_ms: float
     agent_errors: int
+    rtcp: RtcpPeerStats = field(default_factory=RtcpPeerStats)
+    sending: bool = True
+    receiving: bool = True
 
 
 def _khz(rate: int) -> str:
@@ -287,6 +187,8 @@ class CallMedia:
         *,
         on_agent_event: Callable[[AgentEvent], None] | None = None,
         lease: RtpLease | None = None,
+        cname: str | None = None,
+        rtcp_rand: Callable[[], float] | None = None,
     ) -> None:
         self.agent = agent
         self.pool = pool
@@ -306,6 +208,11 @@ class CallMedia:
         self.receiver = RtpReceiver(self.jb, self.codec, params.payload_type, remote)
         self.receiver.latch = params.latch
         self.receiver.dtmf = dtmf
+        self.receiver.on_accepted = self._on_rtp_accepted
+        self.cname = cname or f"sip-bridge@{socket.gethostname()}"
+        self._rtcp_rand = rtcp_rand  # tests pass a constant for a predictable schedule
+        self.rtcp: RtcpLink | None = None  # from start()
+        self._rtcp_transport: asyncio.DatagramTransport | None = None
         rate = agent.sample_rate
         self._up = Resampler(RATE, rate) if rate != RATE else None
         self._down = Resampler(rate, RATE) if rate != RATE else None
@@ -378,6 +285,9 @@ class CallMedia:
             playout_underrun_frames=self.playout.underrun_frames,
             playout_queued_ms=self.playout.queued_ms,
             agent_errors=self.agent_errors,
+            rtcp=self.rtcp.stats if self.rtcp is not None else RtcpPeerStats(),
+            sending=self.params.send,
+            receiving=self.params.receive,
         )
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -392,18 +302,85 @@ class CallMedia:
                 v6 = ipaddress.ip_address(self.params.remote_host).version == 6
                 host = "::" if v6 else "0.0.0.0"
             self._lease = await self.pool.bind(host, lambda: _Protocol(self))
-        try:
-            await self.agent.start(self.call, self.output)
-        except BaseException:
-            self._lease.close()
-            raise
         loop = asyncio.get_running_loop()
         now = loop.time()
+        session = RtcpSession(
+            self.sender.ssrc,
+            RATE,
+            self.cname,
+            now,
+            ntp_offset=time.time() - now + NTP_UNIX_OFFSET,
+            rand=self._rtcp_rand,
+        )
+        p = self.params
+        self.rtcp = RtcpLink(session, _rtcp_remote(p), mux=p.rtcp_mux, latch=p.latch)
+        try:
+            if not p.rtcp_mux:
+                await self._bind_rtcp(self.rtcp)
+            await self.agent.start(self.call, self.output)
+        except BaseException:
+            self._close_sockets()
+            raise
         self._tasks = [
             asyncio.create_task(self._receive_loop(now), name="rtp-receive"),
             asyncio.create_task(self._send_loop(now), name="rtp-pacer"),
+            asyncio.create_task(self._rtcp_loop(), name="rtcp"),
         ]
         return self._lease.port
+
+    async def _bind_rtcp(self, link: RtcpLink) -> None:
+        """RTCP on RTP port + 1 (the pool keeps it free); without it we report from RTP."""
+        assert self._lease is not None
+        host = str(self._lease.transport.get_extra_info("sockname")[0])
+        loop = asyncio.get_running_loop()
+        try:
+            transport, _ = await loop.create_datagram_endpoint(
+                lambda: RtcpProtocol(link), local_addr=(host, self._lease.port + 1)
+            )
+        except OSError as exc:
+            log.warning("RTCP port %d unavailable (%s)", self._lease.port + 1, exc)
+            return
+        self._rtcp_transport = transport
+
+    def _close_sockets(self) -> None:
+        if self._rtcp_transport is not None:
+            self._rtcp_transport.close()
+        if self._lease is not None:
+            self._lease.close()
+
+    def update(self, params: MediaParams) -> None:
+        """Apply a re-INVITE/UPDATE's outcome mid-call: address, codec, direction, RTCP.
+
+        The packet clock cannot change under a running pacer, so a new ptime is refused
+        (ValueError) and nothing is applied; the call keeps its current media.
+        """
+        old = self.params
+        if params.ptime_ms != old.ptime_ms:
+            raise ValueError(f"ptime change {old.ptime_ms} -> {params.ptime_ms} ms unsupported")
+        r = self.receiver
+        if params.payload_type != old.payload_type:
+            self.codec = CODECS[params.payload_type]
+            r.codec, r.payload_type = self.codec, params.payload_type
+            self.sender.payload_type = params.payload_type
+        if params.telephone_event_pt != old.telephone_event_pt:
+            pt = params.telephone_event_pt
+            r.dtmf = None if pt is None else DtmfReceiver(pt, RATE)
+        moved = addr_key(params.remote_host, params.remote_port) != addr_key(
+            old.remote_host, old.remote_port
+        )
+        if moved or params.latch != old.latch:
+            r.remote = addr_key(params.remote_host, params.remote_port)
+            r.latch, r.latched = params.latch, False  # re-latch on the new stream
+        if self.rtcp is not None and (
+            moved or _rtcp_remote(params) != _rtcp_remote(old) or params.rtcp_mux != old.rtcp_mux
+        ):
+            self.rtcp.retarget(_rtcp_remote(params), mux=params.rtcp_mux, latch=params.latch)
+        if params.send and not old.send:
+            self.sender.start_talkspurt()  # resuming after hold: marker bit
+        self.params = params
+        log.info(
+            "media updated: remote %s, send %s, receive %s", r.remote, params.send, params.receive
+        )
 
     async def close(self, reason: str = "") -> None:
         """Stop the loops, tell the agent the call is over, free the port (idempotent)."""
@@ -416,6 +393,10 @@ class CallMedia:
             _, stuck = await asyncio.wait(self._tasks, timeout=1.0)
             if stuck:
                 log.error("media tasks did not stop: %s", [t.get_name() for t in stuck])
+        if self.rtcp is not None and self._tasks:
+            self._send_rtcp(self.rtcp.bye(asyncio.get_running_loop().time(), reason or None))
+        if self._rtcp_transport is not None:
+            self._rtcp_transport.close()
         if self.receiver.dtmf is not None:
             self._deliver_digits(self.receiver.dtmf.flush())
         try:
@@ -431,7 +412,19 @@ class CallMedia:
         if self._closed:
             return
         now = asyncio.get_running_loop().time()
+        if looks_like_rtcp(data):  # rtcp-mux, or a peer that muxes anyway: digest it
+            self.receiver.receive(data, addr, now)  # counts it
+            if self.rtcp is not None:
+                self.rtcp.receive(data, addr, now)
+            return
+        if not self.params.receive:  # the peer said it will not send: ignore its audio
+            self.receiver.packets += 1
+            return
         self._deliver_digits(self.receiver.receive(data, addr, now))
+
+    def _on_rtp_accepted(self, pkt: RtpPacket, now: float) -> None:
+        if self.rtcp is not None:
+            self.rtcp.session.on_rtp_received(pkt.ssrc, pkt.sequence, pkt.timestamp, now)
 
     def _deliver_digits(self, digits: list[DtmfDigit]) -> None:
         for d in digits:
@@ -491,9 +484,41 @@ class CallMedia:
             self.sender.start_talkspurt()
         self._talking = has_audio
         frame = self.playout.pop()
+        if not self.params.send:  # on hold: the clock runs on, nothing goes out
+            self.sender.skip(self.frame_samples)  # and the first packet after has the marker
+            return
         payload = self.codec.encode(frame).tobytes()
         assert self._lease is not None
-        self._lease.transport.sendto(self.sender.next_packet(payload, self.frame_samples), dest)
+        ts = self.sender.timestamp
+        data = self.sender.next_packet(payload, self.frame_samples)
+        self._lease.transport.sendto(data, dest)
+        if self.rtcp is not None:
+            now = asyncio.get_running_loop().time()
+            self.rtcp.session.on_rtp_sent(len(data), len(payload), ts, now)
+
+    # -- RTCP -------------------------------------------------------------------------------
+
+    async def _rtcp_loop(self) -> None:
+        """Send a report whenever the session's randomised interval is up."""
+        loop = asyncio.get_running_loop()
+        while True:
+            assert self.rtcp is not None
+            delay = self.rtcp.session.next_report_time() - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            data = self.rtcp.due(loop.time())
+            if data is not None:
+                self._send_rtcp(data)
+
+    def _send_rtcp(self, data: bytes) -> None:
+        link = self.rtcp
+        assert link is not None and self._lease is not None
+        if link.mux:
+            self._lease.transport.sendto(data, self.receiver.remote)
+        elif self._rtcp_transport is not None:
+            self._rtcp_transport.sendto(data, link.remote)
+        else:
+            self._lease.transport.sendto(data, link.remote)
 
     async def _send_loop(self, t0: float) -> None:
         loop = asyncio.get_running_loop()
@@ -536,6 +561,12 @@ class CallMedia:
         finally:
             timer.cancel()
             self._waker = None
+
+
+def _rtcp_remote(p: MediaParams) -> tuple[str, int]:
+    """Where reports go without rtcp-mux: ``a=rtcp`` if given, else RTP port + 1."""
+    port = p.rtcp_port if p.rtcp_port is not None else p.remote_port + 1
+    return addr_key(p.remote_host, min(port, 65535))
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -174,7 +174,7 @@ class BridgeServer:
                 if call is not None and call.media is not None:
                     call.media.agent.on_event(DtmfEvent(ev.digit))
             elif isinstance(ev, MediaUpdated):
-                log.info("call %s: media updated by re-INVITE (%s)", ev.call_id, ev.media)
+                self._media_updated(ev.call_id, ev.media)
         self._schedule()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -217,19 +217,8 @@ class BridgeServer:
         if call is None or call.ended or call.lease is None:
             return
         loop = asyncio.get_running_loop()
-        symmetric = self.config.rtp.symmetric
-        latch = symmetric == "on" or (symmetric == "auto" and neg.remote_is_private)
         try:
-            params = MediaParams(
-                neg.remote_address,
-                neg.remote_port,
-                payload_type=neg.payload_type,
-                telephone_event_pt=neg.recv_telephone_event_pt,
-                ptime_ms=neg.ptime,
-                latch=latch,
-                jitter_min_ms=self.config.jitter.min_delay_ms,
-                jitter_max_ms=self.config.jitter.max_delay_ms,
-            )
+            params = self._media_params(neg)
         except ValueError as exc:
             log.warning("call %s: unusable media (%s); hanging up", call_id, exc)
             self._hangup(call_id, "unusable media")
@@ -253,6 +242,36 @@ class BridgeServer:
         limit = self.config.sip.max_call_s
         if limit > 0:
             call.limit = loop.call_later(limit, self._hangup, call_id, "call length limit")
+
+    def _media_params(self, neg: NegotiatedMedia) -> MediaParams:
+        """What CallMedia needs from an offer/answer outcome; ValueError if unusable."""
+        symmetric = self.config.rtp.symmetric
+        latch = symmetric == "on" or (symmetric == "auto" and neg.remote_is_private)
+        return MediaParams(
+            neg.remote_address,
+            neg.remote_port,
+            payload_type=neg.payload_type,
+            telephone_event_pt=neg.recv_telephone_event_pt,
+            ptime_ms=neg.ptime,
+            latch=latch,
+            jitter_min_ms=self.config.jitter.min_delay_ms,
+            jitter_max_ms=self.config.jitter.max_delay_ms,
+            rtcp_port=neg.rtcp_port,
+            rtcp_mux=neg.rtcp_mux,
+            send=neg.can_send,
+            receive=neg.can_receive,
+        )
+
+    def _media_updated(self, call_id: str, neg: NegotiatedMedia) -> None:
+        """A re-INVITE/UPDATE (hold, new address...): apply it to the running media."""
+        call = self.calls.get(call_id)
+        log.info("call %s: media updated by re-INVITE (%s)", call_id, neg)
+        if call is None or call.media is None or call.ended:
+            return
+        try:
+            call.media.update(self._media_params(neg))
+        except ValueError as exc:  # keep the call on its current media
+            log.warning("call %s: media update not applied (%s)", call_id, exc)
 
     def _agent_event(self, call_id: str, event: AgentEvent) -> None:
         if isinstance(event, HangupEvent):
