@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +20,7 @@ from agent.echo import EchoAgent
 from agent.playback import PlaybackAgent
 from agent.tone import ToneAgent
 from sip_bridge.config import BridgeConfig
-from sip_bridge.media import CallMedia, MediaParams, RtpLease, reserve_rtp_port
+from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
 from sip_bridge.offer_answer import NegotiatedMedia
 from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
 from sip_bridge.transport import Received, SipTransport
@@ -80,6 +81,8 @@ class BridgeServer:
         self._tasks: set[asyncio.Task[None]] = set()
         self.media_host = config.sip.listen_host
         self.stats = {"offered": 0, "established": 0, "ended": 0}
+        # Media statistics of the last calls that ended (CDR material; benches read it).
+        self.finished: deque[MediaStats] = deque(maxlen=10_000)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -290,5 +293,6 @@ class BridgeServer:
             call.limit.cancel()
         if call.media is not None:
             await call.media.close(reason)
+            self.finished.append(call.media.stats)
         elif call.lease is not None and not call.lease.transport.is_closing():
             await call.lease.aclose()
