@@ -22,6 +22,7 @@ __all__ = [
     "RtpConfig",
     "SipConfig",
     "TimersConfig",
+    "TlsConfig",
     "load_config",
     "parse_hostport",
     "parse_port_range",
@@ -45,6 +46,21 @@ class TimersConfig:
 
 
 @dataclass(frozen=True)
+class TlsConfig:
+    """SIP over TLS (sips): off unless `port` is set; paths are resolved against the file."""
+
+    port: int = 0  # 0 = no TLS listener; 5061 is the usual one
+    certificate: str = ""
+    private_key: str = ""
+    ca_file: str = ""  # CAs that sign peers' certificates; empty: the system's
+    verify_peer: bool = False  # demand (and check) a certificate from peers
+
+    @property
+    def enabled(self) -> bool:
+        return self.port != 0
+
+
+@dataclass(frozen=True)
 class SipConfig:
     listen: str = "127.0.0.1:5060"
     transports: tuple[str, ...] = ("udp", "tcp")
@@ -55,6 +71,7 @@ class SipConfig:
     answer_after_s: float = 0.0  # ring this long (180 Ringing) before answering
     max_call_s: float = 0.0  # hang up (BYE) after this long; 0 = no limit
     timers: TimersConfig = field(default_factory=TimersConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
 
     @property
     def listen_host(self) -> str:
@@ -148,8 +165,16 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "answer_after_s": (int, float),
         "max_call_s": (int, float),
         "timers": (dict,),
+        "tls": (dict,),
     },
     "sip.timers": {"t1": (int, float), "t2": (int, float), "t4": (int, float)},
+    "sip.tls": {
+        "port": (int,),
+        "certificate": (str,),
+        "private_key": (str,),
+        "ca_file": (str,),
+        "verify_peer": (bool,),
+    },
     "rtp": {"ports": (str,), "symmetric": (str,)},
     "jitter": {"min_delay_ms": (int,), "max_delay_ms": (int,)},
     "agent": {"name": (str,), "echo": (dict,), "tone": (dict,), "playback": (dict,)},
@@ -270,6 +295,7 @@ def load_config(path: str | Path | None = None) -> BridgeConfig:
 def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     sip = dict(data.get("sip", {}))
     timers = TimersConfig(**sip.pop("timers", {}))
+    tls = _build_tls(TlsConfig(**sip.pop("tls", {})), text, p)
     for k in ("t1", "t2", "t4"):
         if getattr(timers, k) <= 0:
             raise ConfigError(p, _line_of(text, "sip.timers", k), f"sip.timers.{k}", "must be > 0")
@@ -277,7 +303,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         for t in sip["transports"]:
             _check_choice(t, TRANSPORTS, p, _line_of(text, "sip", "transports"), "sip.transports")
         sip["transports"] = tuple(sip["transports"])
-    sip_cfg = SipConfig(timers=timers, **sip)
+    sip_cfg = SipConfig(timers=timers, tls=tls, **sip)
     _check_hostport(sip_cfg.listen, p, _line_of(text, "sip", "listen"), "sip.listen")
     if sip_cfg.external_address in ("0.0.0.0", "::"):
         raise ConfigError(
@@ -334,3 +360,32 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             raise ConfigError(p, line, "agent.playback.file", what)
         agent_cfg = replace(agent_cfg, playback_file=str(wav))
     return BridgeConfig(sip=sip_cfg, rtp=rtp, jitter=jitter, agent=agent_cfg, path=p)
+
+
+def _build_tls(tls: TlsConfig, text: str, p: str) -> TlsConfig:
+    """Port range, and the files a TLS listener needs, checked now rather than at start."""
+    if not 0 <= tls.port <= 65535:
+        line = _line_of(text, "sip.tls", "port")
+        raise ConfigError(p, line, "sip.tls.port", "must be 0 (off) or 1-65535")
+    if not tls.enabled:
+        return tls
+    found = {"certificate": "", "private_key": "", "ca_file": ""}
+    for key in ("certificate", "private_key", "ca_file"):
+        value = getattr(tls, key)
+        line = _line_of(text, "sip.tls", key) or _line_of(text, "sip.tls", "port")
+        if not value:
+            if key == "ca_file":
+                continue
+            raise ConfigError(p, line, f"sip.tls.{key}", "is required when sip.tls.port is set")
+        f = Path(value)
+        if not f.is_absolute():
+            f = Path(p).resolve().parent / f  # relative to the config file
+        if not f.is_file():
+            raise ConfigError(p, line, f"sip.tls.{key}", f"no such file: {f}")
+        found[key] = str(f)
+    return replace(
+        tls,
+        certificate=found["certificate"],
+        private_key=found["private_key"],
+        ca_file=found["ca_file"],
+    )

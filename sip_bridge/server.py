@@ -23,7 +23,13 @@ from sip_bridge.config import BridgeConfig
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
 from sip_bridge.offer_answer import NegotiatedMedia
 from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
-from sip_bridge.transport import Received, SipTransport
+from sip_bridge.transport import (
+    Received,
+    SipTransport,
+    TransportError,
+    tls_client_context,
+    tls_server_context,
+)
 from sip_bridge.ua import (
     BridgeUA,
     CallEnded,
@@ -90,6 +96,21 @@ class BridgeServer:
         sip = self.config.sip
         await self.transport.start(sip.listen_host, sip.listen_port, sip.transports)
         assert self.transport.local is not None
+        if sip.tls.enabled:
+            t = sip.tls
+            try:
+                server_ctx = tls_server_context(
+                    t.certificate, t.private_key, t.ca_file, t.verify_peer
+                )
+                client_ctx = tls_client_context(
+                    t.certificate, t.private_key, t.ca_file, t.verify_peer
+                )
+                await self.transport.start_tls(sip.listen_host, t.port, server_ctx, client_ctx)
+            except (OSError, ValueError) as exc:  # unreadable key, busy port: say so, clean up
+                await self.transport.close()
+                if isinstance(exc, TransportError):
+                    raise
+                raise TransportError(f"TLS on port {t.port}: {exc}") from None
         loop = asyncio.get_running_loop()
         self.ua = BridgeUA(sip, self.transport.local[1], sip.advertised_host, loop.time())
         self._schedule()
