@@ -12,6 +12,7 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from dataclasses import replace as _replace
+from typing import cast
 
 from sip_bridge.rtcp import RtcpError
 from sip_bridge.rtcp_session import RtcpReport, RtcpSession
@@ -116,8 +117,9 @@ class RtcpProtocol(asyncio.DatagramProtocol):
         self.transport: asyncio.DatagramTransport | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.DatagramTransport)
-        self.transport = transport
+        # cast, not isinstance: asyncio's selector datagram transport is not registered
+        # as a DatagramTransport subclass on every Python version.
+        self.transport = cast(asyncio.DatagramTransport, transport)
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         now = asyncio.get_running_loop().time()

@@ -112,7 +112,14 @@ class BridgeServer:
                     raise
                 raise TransportError(f"TLS on port {t.port}: {exc}") from None
         loop = asyncio.get_running_loop()
-        self.ua = BridgeUA(sip, self.transport.local[1], sip.advertised_host, loop.time())
+        tls = self.transport.tls_local
+        self.ua = BridgeUA(
+            sip,
+            self.transport.local[1],
+            sip.advertised_host,
+            loop.time(),
+            tls_port=tls[1] if tls else None,
+        )
         self._schedule()
 
     @property

@@ -28,6 +28,12 @@ Choices made here:
   timeout closes the dialog.
 - Incoming requests get ``received``/``rport`` stamped on their top Via (RFC 3261
   18.2.1, RFC 3581) before the transaction layer sees them; the message is modified.
+- Session timers (RFC 4028, :mod:`sip_bridge.session_timer`): an INVITE below ``min_se``
+  gets 422; otherwise the 2xx echoes Session-Expires and the timer starts.  Any refresh
+  (re-INVITE/UPDATE) restarts it; one that drops Session-Expires keeps the negotiated
+  timer (lenient: the call stays guarded).  As refresher we send UPDATE (re-INVITE with
+  our SDP when the peer does not allow UPDATE) at half the interval; with no refresh by
+  SE - min(32, SE/3) we send BYE and end the call ``by="timeout"``.
 """
 
 from __future__ import annotations
@@ -56,6 +62,14 @@ from sip_bridge.offer_answer import (
     make_offer,
 )
 from sip_bridge.sdp import NoCommonCodec, SdpError, SessionDescription, parse_sdp
+from sip_bridge.session_timer import (
+    DEFAULT_MIN_SE,
+    IntervalTooSmall,
+    SessionTimer,
+    ack_for,
+    negotiate,
+    parse_session_expires,
+)
 from sip_bridge.timers import TimerConfig, TimerQueue
 from sip_bridge.transaction import (
     AckReceived,
@@ -91,7 +105,8 @@ __all__ = [
 
 Address = tuple[str, int]
 ALLOW = ("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "UPDATE", "INFO")
-SUPPORTED: tuple[str, ...] = ()  # option tags we implement: none yet (no 100rel, no timer)
+SUPPORTED: tuple[str, ...] = ("timer",)  # option tags we implement (no 100rel yet)
+_CALL_TIMERS = ("answer", "st-refresh", "st-expire")
 ACCEPT = "application/sdp, application/dtmf-relay"
 
 
@@ -159,6 +174,10 @@ class _Call:
     bye_tx: str | None = None
     bye_after_ack: bool = False
     txs: set[str] = field(default_factory=set)
+    timer: SessionTimer | None = None  # RFC 4028 session timer, once negotiated
+    peer_allows_update: bool = False
+    refresh_tx: str | None = None  # our pending session refresh (UPDATE or re-INVITE)
+    refresh_ack: tuple[str, SipRequest] | None = None  # re-INVITE tx and the ACK of its 2xx
 
 
 class BridgeUA:
@@ -172,14 +191,18 @@ class BridgeUA:
         now: float,
         *,
         answer_timeout_s: float = 30.0,
+        min_se: int = DEFAULT_MIN_SE,
+        tls_port: int | None = None,
     ) -> None:
         MediaConfig(media_address, 9)  # raises for 0.0.0.0/:: : never advertise a wildcard
         self.config = config
         self.local_port = local_port
+        self.tls_port = tls_port  # the TLS listener's port, when it differs (Contact, Via)
         self.media_address = media_address
         host = config.advertised_host
         self.host = media_address if host in ("0.0.0.0", "::", "") else host
         self.answer_timeout_s = answer_timeout_s
+        self.min_se = min_se
         t = config.timers
         self._layer = TransactionLayer(TimerConfig(t1=t.t1, t2=t.t2, t4=t.t4))
         self._timers = TimerQueue()
@@ -234,9 +257,15 @@ class BridgeUA:
         out = self._process(self._layer.tick(now), "", now)
         while (due := self._timers.pop_due(now)) is not None:
             call = self._calls.get(str(due[0]))
-            if call is not None and call.state == "offered":
+            if call is None:
+                continue
+            if due[1] == "answer" and call.state == "offered":
                 out += self._final(call, 480, now)
                 out.append(self._end(call, "not answered", "timeout"))
+            elif due[1] == "st-refresh":
+                out += self._send_refresh(call, now)
+            elif due[1] == "st-expire":
+                out += self._hang(call, now, "session timer expired", "timeout")
         return out
 
     # ------------------------------------------------------------------ app commands
@@ -263,6 +292,7 @@ class BridgeUA:
             resp.headers.add("Record-Route", value)
         resp.headers.add("Contact", call.dialog.local_contact)
         self._describe(resp)
+        self._session_headers(resp, call, now)
         resp.headers.add("Content-Type", "application/sdp")
         resp.body = sdp.to_bytes()
         out = self._send_response(call.invite_tx, resp, now)
@@ -296,7 +326,13 @@ class BridgeUA:
             return []
         if call.state == "offered":
             return [*self._final(call, 480, now), self._end(call, reason, "local")]
-        out: list[UaEvent] = [self._end(call, reason, "local", keep=True)]
+        return self._hang(call, now, reason, "local")
+
+    def _hang(
+        self, call: _Call, now: float, reason: str, by: Literal["local", "timeout"]
+    ) -> list[UaEvent]:
+        """End an answered call: BYE now, or once the ACK of our 2xx is in."""
+        out: list[UaEvent] = [self._end(call, reason, by, keep=True)]
         if call.state == "answered":
             call.bye_after_ack = True
             return out
@@ -315,7 +351,7 @@ class BridgeUA:
             elif isinstance(ev, AckTimeout):
                 out += self._on_ack_timeout(ev, now)
             elif isinstance(ev, ResponseReceived | TransactionTimeout):
-                self._on_client_result(ev)
+                out += self._on_client_result(ev, now)
         return out
 
     def _response(self, req: SipRequest, status: int, to_tag: str | None = None) -> SipResponse:
@@ -361,7 +397,7 @@ class BridgeUA:
     ) -> CallEnded:
         """Remove the call from the app's view; ``keep`` it while a BYE is still to run."""
         self._calls.pop(call.call_id, None)
-        self._timers.cancel(call.call_id, "answer")
+        self._timers.cancel_all(call.call_id, _CALL_TIMERS)
         if keep:
             self._ending[call.call_id] = call
         else:
@@ -458,10 +494,17 @@ class BridgeUA:
             if isinstance(exc, NoCommonCodec):
                 return self._reply(ev, 488, now, Warning=exc.warning(self.host))
             return self._reply(ev, 400, now, Warning=f'399 {self.host} "bad SDP"')
+        try:
+            timer = negotiate(req, self.min_se)
+        except IntervalTooSmall as exc:
+            return self._reply(ev, 422, now, Min_SE=str(exc.min_se))
+        except ValueError:
+            return self._reply(ev, 400, now, Warning=f'399 {self.host} "bad Session-Expires"')
         tag = new_tag()
-        contact_uri = SipUri("sip", "bridge", self.host, self.local_port, {"transport": transport})
+        port = self.tls_port if transport.lower() == "tls" and self.tls_port else self.local_port
+        contact_uri = SipUri("sip", "bridge", self.host, port, {"transport": transport})
         sent_by = f"[{self.host}]" if ":" in self.host else self.host
-        sent_by = f"{sent_by}:{self.local_port}"
+        sent_by = f"{sent_by}:{port}"
         try:
             dialog = Dialog.from_uas(
                 req, tag, f"<{contact_uri.to_str()}>", transport, sent_by, self.config.user_agent
@@ -470,7 +513,8 @@ class BridgeUA:
             to_uri = NameAddr.parse(req.headers.get("To") or "").uri
         except (DialogError, ValueError) as exc:
             return self._reply(ev, getattr(exc, "status", 400), now)
-        call = _Call(call_id, req, ev.tx_id, ev.source, transport, dialog, offer)
+        call = _Call(call_id, req, ev.tx_id, ev.source, transport, dialog, offer, timer=timer)
+        call.peer_allows_update = "UPDATE" in (m.upper() for m in req.headers.get_all("Allow"))
         self._calls[call_id] = call
         self._track(call, ev.tx_id)
         self._timers.arm(call_id, "answer", now + self.answer_timeout_s)
@@ -491,6 +535,14 @@ class BridgeUA:
         req = ev.request
         if call.state != "confirmed" or call.reoffer_tx is not None or call.media is None:
             return self._reply(ev, 500, now, Retry_After="1")  # RFC 3261 14.2
+        if req.method == "INVITE" and call.refresh_ack and call.refresh_ack[0] == call.refresh_tx:
+            return self._reply(ev, 491, now)  # our refresh re-INVITE is pending: glare (14.2)
+        try:
+            timer = negotiate(req, self.min_se) or call.timer
+        except IntervalTooSmall as exc:  # the session goes on unchanged (RFC 4028 9)
+            return self._reply(ev, 422, now, Min_SE=str(exc.min_se))
+        except ValueError:
+            return self._reply(ev, 400, now, Warning=f'399 {self.host} "bad Session-Expires"')
         try:
             offer = sdp_offer(req)
             sdp = call.local_sdp
@@ -503,15 +555,17 @@ class BridgeUA:
         except (DialogError, SdpError) as exc:  # the old session stays as it was (14.2)
             warn = {"Warning": exc.warning(self.host)} if isinstance(exc, NoCommonCodec) else {}
             return self._reply(ev, exc.status, now, **warn)
+        call.timer = timer
+        resp = self._response(req, 200, call.dialog.local_tag)
+        resp.headers.add("Contact", call.dialog.local_contact)
+        self._describe(resp)
+        self._session_headers(resp, call, now)
         if offer is not None:
             call.offer, call.local_sdp = offer, sdp
         elif req.method == "INVITE":
             call.reoffer_tx = ev.tx_id  # we re-offer what we have; the ACK carries the answer
         else:
-            return self._reply(ev, 200, now, Contact=call.dialog.local_contact)
-        resp = self._response(req, 200, call.dialog.local_tag)
-        resp.headers.add("Contact", call.dialog.local_contact)
-        self._describe(resp)
+            return self._send_response(ev.tx_id, resp, now)  # UPDATE without SDP: a refresh
         resp.headers.add("Content-Type", "application/sdp")
         resp.body = sdp.to_bytes()
         out = self._send_response(ev.tx_id, resp, now)
@@ -560,10 +614,94 @@ class BridgeUA:
             return [*self._send_bye(call, now), ended]
         return self._send_bye(call, now) if call.bye_after_ack else []
 
-    def _on_client_result(self, ev: ResponseReceived | TransactionTimeout) -> None:
+    def _on_client_result(
+        self, ev: ResponseReceived | TransactionTimeout, now: float
+    ) -> list[UaEvent]:
         call = self._by_tx.get(ev.tx_id)
-        if call is None or ev.tx_id != call.bye_tx:
-            return
+        if call is None:
+            return []
         if isinstance(ev, ResponseReceived) and ev.response.status < 200:
+            return []
+        if ev.tx_id == call.bye_tx:
+            self._forget(call)  # BYE answered (any final) or timed out: the dialog is over
+            return []
+        ack = call.refresh_ack
+        resp = ev.response if isinstance(ev, ResponseReceived) else None
+        if resp is not None and resp.status < 300 and ack and ack[0] == ev.tx_id:
+            # Every 2xx copy to our re-INVITE gets the ACK (RFC 3261 13.2.2.4).
+            dest, transport = in_dialog_destination(call.dialog, call.source, call.transport)
+            out = self._process(self._layer.send_stateless(ack[1], dest, transport), "", now)
+            if ack[0] != call.refresh_tx:
+                return out  # a retransmitted 2xx: the refresh already counted
+            return out + self._on_refreshed(call, resp, now)
+        if ev.tx_id != call.refresh_tx:
+            return []
+        call.refresh_tx = None
+        if call.call_id not in self._calls:
+            return []
+        if isinstance(ev, TransactionTimeout) or ev.response.status in (408, 481):
+            return self._hang(call, now, "session refresh failed", "timeout")  # 12.2.1.2
+        if ev.response.status >= 300:
+            return []  # e.g. 491: the expiry timer still runs and decides
+        return self._on_refreshed(call, ev.response, now)
+
+    # ------------------------------------------------------------------ session timers
+    def _session_headers(self, resp: SipResponse, call: _Call, now: float) -> None:
+        """Session-Expires (and Require: timer) on a 2xx; the session timer restarts."""
+        timer = call.timer
+        if timer is None:
             return
-        self._forget(call)  # BYE answered (any final) or timed out: the dialog is over
+        resp.headers.add("Session-Expires", timer.header)
+        if timer.require:
+            resp.headers.add("Require", "timer")
+        self._arm_session(call, now)
+
+    def _arm_session(self, call: _Call, now: float) -> None:
+        timer = call.timer
+        if timer is None:
+            return
+        self._timers.cancel_all(call.call_id, ("st-refresh", "st-expire"))
+        if timer.refresher == "uas":
+            self._timers.arm(call.call_id, "st-refresh", now + timer.refresh_after)
+        self._timers.arm(call.call_id, "st-expire", now + timer.expire_after)
+
+    def _send_refresh(self, call: _Call, now: float) -> list[UaEvent]:
+        """We refresh (RFC 4028 7.4): UPDATE when allowed, else re-INVITE with our SDP."""
+        timer, sdp = call.timer, call.local_sdp
+        if timer is None or sdp is None or call.state != "confirmed":
+            return []
+        if call.refresh_tx is not None or call.reoffer_tx is not None:
+            return []  # a transaction is still pending; the expiry timer stays armed
+        try:
+            if call.peer_allows_update:
+                req = call.dialog.create_request("UPDATE")
+            else:
+                req = call.dialog.create_request("INVITE", sdp.to_bytes())
+                req.headers.add("Allow", ", ".join(ALLOW))
+            req.headers.add("Session-Expires", f"{timer.interval};refresher=uas")
+            req.headers.add("Min-SE", str(self.min_se))
+            req.headers.add("Supported", ", ".join(SUPPORTED))
+            dest, transport = in_dialog_destination(call.dialog, call.source, call.transport)
+            tx_id, events = self._layer.send_request(req, dest, transport, now)
+        except (TransactionError, ValueError):
+            return []
+        call.refresh_tx = tx_id
+        if req.method == "INVITE":
+            call.refresh_ack = (tx_id, ack_for(req))
+        self._track(call, tx_id)
+        return self._process(events, transport, now)
+
+    def _on_refreshed(self, call: _Call, resp: SipResponse, now: float) -> list[UaEvent]:
+        """A 2xx to our refresh: the peer may have changed interval or refresher."""
+        call.refresh_tx = None
+        timer = call.timer
+        value = resp.headers.get("Session-Expires")
+        if timer is not None and value:
+            try:
+                interval, refresher = parse_session_expires(value)
+                call.timer = SessionTimer(interval, refresher or "uas", timer.require)
+            except ValueError:
+                pass  # keep what we asked for
+        if call.call_id in self._calls:
+            self._arm_session(call, now)
+        return []

@@ -145,3 +145,28 @@ def test_a_thousand_unacked_rejections_leave_nothing_behind() -> None:
             await server.stop()
 
     asyncio.run(main())
+
+
+def test_session_timer_refresh_by_reinvite_is_answered(tmp_path: Path) -> None:
+    """RFC 4028: sipp asks for 90 s, refresher=uac, refreshes by re-INVITE, hangs up."""
+    log = tmp_path / "messages.log"
+
+    async def main() -> BridgeServer:
+        server = BridgeServer(_config())
+        await server.start()
+        try:
+            await _sipp(server, "uac_session_timer.xml", "-m", "1", timeout=10, log=log)
+            await asyncio.sleep(0.3)
+        finally:
+            await server.stop()
+        return server
+
+    server = asyncio.run(main())
+    assert server.ua is not None and server.ua.active_calls == 0
+    assert server.stats["offered"] == server.stats["ended"] == 1
+    text = log.read_text(errors="replace")
+    received = text.split("message received")[1:]
+    oks = [m for m in received if "SIP/2.0 200" in m and " INVITE\n" in m.replace("\r", "")]
+    assert len(oks) >= 2, text[-3000:]  # the INVITE's 200 and the refresh's 200
+    for ok in oks:
+        assert "Session-Expires: 90;refresher=uac" in ok and "Require: timer" in ok

@@ -236,7 +236,9 @@ def test_invite_ack_bye_over_tls_both_directions(pki: Pki) -> None:
             phone.send(_request("INVITE", tls_port, phone.port, 1, rtp_port))
             ok = await phone.final()
             assert ok.status == 200 and b"m=audio" in ok.body
-            assert "transport=tls" in (ok.headers.get("Contact") or "").lower()
+            contact = (ok.headers.get("Contact") or "").lower()
+            # A phone that opens a new connection to our Contact must reach the TLS port.
+            assert "transport=tls" in contact and f":{tls_port};" in contact, contact
             to_tag = (ok.headers.get("To") or "").split("tag=")[1]
             phone.send(_request("ACK", tls_port, phone.port, 1, to_tag=to_tag))
             await asyncio.sleep(0.1)

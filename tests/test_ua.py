@@ -143,8 +143,8 @@ def of_type(events: list[UaEvent], kind: type[T]) -> list[T]:
     return [e for e in events if isinstance(e, kind)]
 
 
-def make_ua(config: SipConfig = CONFIG, **kw: float) -> BridgeUA:
-    return BridgeUA(config, 5060, BRIDGE_IP, 0.0, **kw)
+def make_ua(config: SipConfig = CONFIG, answer_timeout_s: float = 30.0) -> BridgeUA:
+    return BridgeUA(config, 5060, BRIDGE_IP, 0.0, answer_timeout_s=answer_timeout_s)
 
 
 def run_until(ua: BridgeUA, end: float) -> list[UaEvent]:
