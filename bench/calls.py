@@ -1,0 +1,283 @@
+"""N concurrent echo calls with RTP both ways: signalling and media figures under load.
+
+Runs `BridgeServer` (echo agent) in this process on 127.0.0.1 and has sipp
+(`bench/sipp/uac_rtp_call.xml`) place N calls at `--rate` calls/s, each one
+streaming a looping 8 kHz mu-law tone with sipp's `rtp_stream` for `--duration`
+seconds before its BYE. The bridge is in-process so its CPU (`time.process_time`)
+and RSS (`/proc/self/status`) are read directly; sipp is C and runs apart.
+
+Setup time is the INVITE -> 200 response time that sipp measures itself
+(`rtd="true"` on the 200, every call dumped with `-trace_rtt -rtt_freq 1`):
+sipp's clock, no parsing of its screen. Media figures come from the
+`MediaStats` of every finished call (`server.finished`).
+
+Prints one JSON object; writes bench/out/calls.png and bench/out/calls.json.
+Machines are shared: the load average at the start is in the JSON.
+
+    .venv/bin/python bench/calls.py [--calls 200] [--duration 20] [--rate 20] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import os
+import re
+import shutil
+import socket
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from resample.g711 import ulaw_encode  # noqa: E402
+from sip_bridge.config import BridgeConfig  # noqa: E402
+from sip_bridge.media import MediaStats  # noqa: E402
+from sip_bridge.server import BridgeServer  # noqa: E402
+
+SCENARIO = ROOT / "bench" / "sipp" / "uac_rtp_call.xml"
+TONE_NAME = "sip_bridge_bench_tone.ulaw"  # the name the scenario's rtp_stream reads
+TARGETS = {
+    "calls": 200,
+    "pacing_jitter_p99_ms": 5,
+    "late_or_missing_frames_pct": 0.1,
+    "cpu_pct_per_call": 0.5,
+}
+SAMPLE_S = 0.25
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _machine_busy_s() -> float:
+    """CPU-seconds all cores spent busy (not idle/iowait), from /proc/stat: the contention."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / TICKS
+
+
+def write_tone(path: Path, seconds: float = 4.0) -> None:
+    """A 440 Hz + 1 kHz tone as raw mu-law; speech-level, so the echo path does real work."""
+    t = np.arange(int(8000 * seconds)) / 8000
+    x = 0.3 * np.sin(2 * np.pi * 440 * t) + 0.2 * np.sin(2 * np.pi * 1000 * t)
+    path.write_bytes(ulaw_encode((x * 32767).astype(np.int16)).tobytes())
+
+
+def parse_rtt(path: Path) -> list[float]:
+    """Response times (ms) from sipp's `-trace_rtt` CSV (`date_ms;rtt_ms;rtd_no` rows)."""
+    out: list[float] = []
+    for line in path.read_text().splitlines():
+        parts = line.strip().split(";")
+        if len(parts) >= 2:
+            try:
+                out.append(float(parts[1]))
+            except ValueError:
+                continue  # the header row
+    return out
+
+
+def parse_sipp_counts(text: str) -> tuple[int | None, int | None]:
+    """(successful, failed) cumulative call counts from sipp's final screen."""
+    ok = re.findall(r"Successful call\s+\|\s+\d+\s+\|\s+(\d+)", text)
+    failed = re.findall(r"Failed call\s+\|\s+\d+\s+\|\s+(\d+)", text)
+    return (int(ok[-1]) if ok else None, int(failed[-1]) if failed else None)
+
+
+def media_figures(stats: list[MediaStats]) -> dict[str, Any]:
+    """Pacing and jitter-buffer figures over all finished calls."""
+    if not stats:
+        return {"pacing_jitter_ms": None, "late_or_missing_frames_pct": None}
+    p50 = np.array([s.pacing_jitter_p50_ms for s in stats])
+    p99 = np.array([s.pacing_jitter_p99_ms for s in stats])
+    sent = sum(s.packets_out for s in stats)
+    bad = sum(s.pacer_late_frames + s.pacer_skipped_frames for s in stats)
+    rx = sum(s.jitter.received for s in stats)
+    rx_late = sum(s.jitter.late for s in stats)
+    rx_lost = sum(s.jitter.lost for s in stats)
+    concealed = sum(s.jitter.concealed for s in stats)
+    return {
+        "pacing_jitter_ms": {
+            "p50": round(float(np.median(p50)), 3),
+            "p99": round(float(np.percentile(p99, 99)), 3),
+            "max": round(float(max(s.pacing_jitter_max_ms for s in stats)), 3),
+        },
+        "late_or_missing_frames_pct": round(100 * bad / max(1, sent), 4),
+        "frames_sent": sent,
+        "packets_in": sum(s.packets_in for s in stats),
+        "rx_late_pct": round(100 * rx_late / max(1, rx), 4),
+        "rx_lost_pct": round(100 * rx_lost / max(1, rx + rx_lost), 4),
+        "rx_concealed_pct": round(100 * concealed / max(1, rx), 4),
+        "playout_underrun_frames": sum(s.playout_underrun_frames for s in stats),
+        "send_errors": sum(s.send_errors for s in stats),
+        "agent_errors": sum(s.agent_errors for s in stats),
+    }
+
+
+async def _run(calls: int, duration_s: float, rate: int, out: Path) -> dict[str, Any]:
+    sipp = shutil.which("sipp")
+    if sipp is None:
+        raise SystemExit("sipp not found: `make setup` installs Debian's sip-tester")
+    out.mkdir(parents=True, exist_ok=True)
+    write_tone(out / TONE_NAME)
+    for old in out.glob("uac_rtp_call_*_rtt.csv"):
+        old.unlink()
+    base = BridgeConfig()
+    config = replace(
+        base,
+        sip=replace(base.sip, listen="127.0.0.1:0", max_calls=calls + 10),
+        rtp=replace(base.rtp, ports="50000-51999"),
+    )
+    load_avg = os.getloadavg()[0]
+    server = BridgeServer(config)
+    await server.start()
+    loop = asyncio.get_running_loop()
+    samples: list[tuple[float, float, float, int]] = []  # wall, cpu, rss, concurrent
+    busy: list[float] = []  # machine-wide busy CPU-seconds at each sample
+
+    def sample() -> None:
+        samples.append((time.monotonic(), time.process_time(), _rss_mb(), len(server.calls)))
+        busy.append(_machine_busy_s())
+
+    try:
+        sample()
+        await asyncio.sleep(1.0)
+        sample()
+        idle = samples[-1]
+        idle_cpu_pct = 100 * (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
+        proc = await asyncio.create_subprocess_exec(
+            sipp, f"127.0.0.1:{server.port}", "-sf", str(SCENARIO),
+            "-i", "127.0.0.1", "-p", str(_free_port()), "-mi", "127.0.0.1", "-mp", "30000",
+            "-m", str(calls), "-l", str(calls), "-r", str(rate), "-d", str(int(duration_s * 1000)),
+            "-trace_rtt", "-rtt_freq", "1", "-timeout", f"{int(duration_s + 60)}s",
+            "-timeout_error", "-nostdin",
+            cwd=out, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+        )  # fmt: skip
+        reader = asyncio.ensure_future(proc.communicate())
+        while not reader.done():
+            await asyncio.wait([reader], timeout=SAMPLE_S)
+            sample()
+        stdout = (reader.result()[0] or b"").decode(errors="replace")
+        deadline = loop.time() + 5
+        while server.calls and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        finished = list(server.finished)
+    finally:
+        await server.stop()
+    peak = max(s[3] for s in samples)
+    steady_idx = [i for i, s in enumerate(samples) if s[3] >= peak and peak > 0]
+    steady = [samples[i] for i in steady_idx]
+    cpu_pct = rss_growth = machine_pct = None
+    if len(steady) >= 2:
+        wall = steady[-1][0] - steady[0][0]
+        cpu_pct = 100 * (steady[-1][1] - steady[0][1]) / wall if wall > 0 else None
+        machine_pct = 100 * (busy[steady_idx[-1]] - busy[steady_idx[0]]) / wall if wall else None
+        rss_growth = max(s[2] for s in steady) - idle[2]
+    rtt = sorted(x for p in out.glob("uac_rtp_call_*_rtt.csv") for x in parse_rtt(p))
+    ok, failed = parse_sipp_counts(stdout)
+    result: dict[str, Any] = {
+        "bench": "calls",
+        "calls": calls,
+        "rate_cps": rate,
+        "concurrent_peak": peak,
+        "duration_s": duration_s,
+        "completed_all": ok == calls and failed == 0 and len(finished) == calls,
+        "sipp": {"successful": ok, "failed": failed, "rc": proc.returncode},
+        "finished_calls": len(finished),
+        "setup_ms": {
+            "p50": round(float(np.percentile(rtt, 50)), 2) if rtt else None,
+            "p99": round(float(np.percentile(rtt, 99)), 2) if rtt else None,
+            "n": len(rtt),
+        },
+        "steady_s": round(steady[-1][0] - steady[0][0], 1) if len(steady) >= 2 else 0,
+        "cpu_pct_steady": round(cpu_pct, 1) if cpu_pct is not None else None,
+        "cpu_pct_idle": round(idle_cpu_pct, 2),
+        "machine_cpu_pct_steady": round(machine_pct, 1) if machine_pct is not None else None,
+        "cpu_pct_per_call": round(cpu_pct / peak, 3) if cpu_pct is not None else None,
+        # One event loop, one core: near 100 % the per-call figure is a floor, not a cost.
+        "bridge_saturated": cpu_pct is not None and cpu_pct >= 90,
+        "rss_mb_idle": round(idle[2], 1),
+        "rss_mb_per_call": round(rss_growth / peak, 3) if rss_growth is not None else None,
+        **media_figures(finished),
+        "load_avg_at_start": load_avg,
+        "cpus": os.cpu_count(),
+        "targets": TARGETS,
+    }
+    if proc.returncode != 0 and ok is None:
+        result["sipp_tail"] = stdout[-2000:]
+    _plot(out / "calls.png", finished, samples, result)
+    return result
+
+
+def _plot(
+    path: Path,
+    stats: list[MediaStats],
+    samples: list[tuple[float, float, float, int]],
+    result: dict[str, Any],
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(12, 4.5))
+    p99 = [s.pacing_jitter_p99_ms for s in stats]
+    a.hist(p99, bins=40, color="tab:blue")
+    a.axvline(TARGETS["pacing_jitter_p99_ms"], color="tab:red", ls="--", label="target p99")
+    a.set_xlabel("per-call pacing jitter p99 (ms)")
+    a.set_ylabel("calls")
+    a.set_title(f"{len(stats)} calls, outbound pacing")
+    a.legend()
+    t0 = samples[0][0]
+    ts = [(s[0] + p[0]) / 2 - t0 for p, s in itertools.pairwise(samples)]
+    cpu = [100 * (s[1] - p[1]) / max(1e-9, s[0] - p[0]) for p, s in itertools.pairwise(samples)]
+    b.plot(ts, cpu, color="tab:orange", label="bridge CPU (% of one core)")
+    b.set_xlabel("time (s)")
+    b.set_ylabel("CPU %")
+    c = b.twinx()
+    c.plot([s[0] - t0 for s in samples], [s[3] for s in samples], color="tab:green", label="calls")
+    c.set_ylabel("concurrent calls")
+    b.set_title(f"bridge CPU, {result['cpu_pct_per_call']} % of a core per call")
+    b.legend(loc="upper left")
+    c.legend(loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--calls", type=int, default=200)
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds each call streams")
+    ap.add_argument("--rate", type=int, default=20, help="new calls per second")
+    ap.add_argument("--quick", action="store_true", help="20 calls x 5 s")
+    ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.calls, args.duration = 20, 5.0
+    result = asyncio.run(_run(args.calls, args.duration, args.rate, args.out))
+    text = json.dumps(result, indent=2)
+    (args.out / "calls.json").write_text(text + "\n")
+    print(text)
+    return 0 if result["completed_all"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
