@@ -136,6 +136,8 @@ class JitterBuffer:
         self._hi_t = 0  # timeline position of the highest-seq packet
         self._hi_arrival = 0.0
         self._seen: list[int] = [-1] * _SEEN  # a list: scalar access is per packet
+        self._pushes = 0  # packets recorded in _seen: invalidates the hole memo
+        self._hole_memo: tuple[tuple[int, int, int], bool] | None = None
         self._missing: set[int] = set()
         # timeline
         self._started = False
@@ -303,6 +305,7 @@ class JitterBuffer:
             self._duplicates += 1
             return
         self._seen[k] = useq
+        self._pushes += 1
         if useq > self._hi_useq:
             gap = useq - self._hi_useq - 1
             if gap > 0:
@@ -378,6 +381,7 @@ class JitterBuffer:
         self._seq_uw.note(useq - self._seq_off)
         self._ts_uw.note(t - self._ts_off)
         self._seen[useq & _SEEN_MASK] = useq
+        self._pushes += 1
         self._hi_useq = useq
         self._hi_seq_raw = seq
         self._hi_ts_raw = ts
@@ -454,8 +458,13 @@ class JitterBuffer:
             return False
         upper = int(self._ring.seq[nxt % self.capacity]) if nxt is not None else self._hi_useq + 1
         upper = min(upper, lp + 64)
+        key = (lp, upper, self._pushes)
+        if self._hole_memo is not None and self._hole_memo[0] == key:
+            return self._hole_memo[1]  # nothing arrived since: same answer, no rescan
         seen = self._seen
-        return any(seen[s & _SEEN_MASK] != s for s in range(lp + 1, upper))
+        loss = any(seen[s & _SEEN_MASK] != s for s in range(lp + 1, upper))
+        self._hole_memo = (key, loss)
+        return loss
 
     def _energy(self, x: NDArray[np.int16]) -> float:
         y = x.astype(np.float32)
