@@ -211,6 +211,17 @@ class Dialog:
         if self.local_cseq >= _MAX_CSEQ:
             raise DialogError("local CSeq space exhausted", 500)
         self.local_cseq += 1
+        return self._build(method, self.local_cseq, body, content_type)
+
+    def create_ack(self, invite_cseq: int) -> SipRequest:
+        """The ACK for a 2xx to our INVITE (RFC 3261 13.2.2.4).
+
+        Request-URI and Route from the dialog, the INVITE's CSeq number, a new branch
+        (a 2xx ACK is a transaction of its own); it takes no CSeq of the dialog's own.
+        """
+        return self._build("ACK", invite_cseq, b"", None)
+
+    def _build(self, method: str, cseq: int, body: bytes, content_type: str | None) -> SipRequest:
         uri, routes = self._uri_and_routes()
         host, _, port = self.sent_by.rpartition(":")
         headers = Headers()
@@ -224,7 +235,7 @@ class Dialog:
         remote_tag = f";tag={self.remote_tag}" if self.remote_tag else ""
         headers.add("To", f"{self.remote_uri}{remote_tag}")
         headers.add("Call-ID", self.call_id)
-        headers.add("CSeq", f"{self.local_cseq} {method}")
+        headers.add("CSeq", f"{cseq} {method}")
         if self.local_contact:
             headers.add("Contact", self.local_contact)
         if self.user_agent:

@@ -10,13 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from sip_bridge.message import Headers, SipMessage, SipRequest, Via, new_branch
+from sip_bridge.message import SipMessage
 
 __all__ = [
     "DEFAULT_MIN_SE",
     "IntervalTooSmall",
     "SessionTimer",
-    "ack_for",
     "negotiate",
     "parse_session_expires",
     "supports_timer",
@@ -103,22 +102,3 @@ def negotiate(req: SipMessage, min_se: int) -> SessionTimer | None:
     elif refresher is None:
         refresher = "uac"
     return SessionTimer(interval, refresher, require=capable)
-
-
-def ack_for(invite: SipRequest) -> SipRequest:
-    """The ACK for a 2xx to our in-dialog ``invite`` (RFC 3261 13.2.2.4).
-
-    Same Request-URI, Route, From, To, Call-ID and CSeq number; a new branch (the ACK of
-    a 2xx is a transaction of its own) and no body: our re-INVITE carried the offer.
-    """
-    headers = Headers()
-    for name, value in invite.headers:
-        if name == "Via":
-            via = Via.parse(value)
-            via.params["branch"] = new_branch()
-            headers.add("Via", via.to_str())
-        elif name == "CSeq":
-            headers.add("CSeq", f"{invite.cseq[0]} ACK")
-        elif name in ("Max-Forwards", "Route", "From", "To", "Call-ID", "User-Agent"):
-            headers.add(name, value)
-    return SipRequest("ACK", invite.uri, headers)

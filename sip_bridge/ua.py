@@ -66,7 +66,6 @@ from sip_bridge.session_timer import (
     DEFAULT_MIN_SE,
     IntervalTooSmall,
     SessionTimer,
-    ack_for,
     negotiate,
     parse_session_expires,
 )
@@ -687,7 +686,7 @@ class BridgeUA:
             return []
         call.refresh_tx = tx_id
         if req.method == "INVITE":
-            call.refresh_ack = (tx_id, ack_for(req))
+            call.refresh_ack = (tx_id, call.dialog.create_ack(req.cseq[0]))
         self._track(call, tx_id)
         return self._process(events, transport, now)
 

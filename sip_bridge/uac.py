@@ -227,22 +227,6 @@ class OutboundCall:
         self.state = UacState.TERMINATING
         return _sends(events)
 
-    def _build_ack(self, dialog: Dialog, invite_cseq: int) -> SipRequest:
-        """RFC 3261 13.2.2.4: Request-URI, Route set and a new branch from the dialog.
-
-        The dialog refuses to build an ACK (it has no CSeq of its own), so we let it
-        build a request and then give it the INVITE's CSeq number and the ACK method.
-        """
-        saved = dialog.local_cseq
-        dialog.local_cseq = invite_cseq - 1
-        try:
-            req = dialog.create_request("INVITE")
-        finally:
-            dialog.local_cseq = saved
-        req.method = "ACK"
-        req.headers.set("CSeq", f"{invite_cseq} ACK")
-        return req
-
     def _handle(self, layer_events: list[Event], now: float) -> list[UacEvent]:
         out: list[UacEvent] = []
         for ev in layer_events:
@@ -283,7 +267,7 @@ class OutboundCall:
         except DialogError as exc:
             self.state = UacState.ENDED
             return [CallFailed(502, f"unusable 2xx: {exc}")]
-        ack = self._build_ack(self.dialog, self.invite.cseq[0])
+        ack = self.dialog.create_ack(self.invite.cseq[0])
         self._ack = ack.to_bytes()
         events: list[UacEvent] = [self._send_ack()]
         failure: str | None = None

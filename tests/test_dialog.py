@@ -161,6 +161,18 @@ def test_ack_and_cancel_are_not_built_here() -> None:
         uas().create_request("ACK")
 
 
+def test_ack_for_a_2xx_takes_the_invite_cseq_not_a_new_one() -> None:
+    d = uas()
+    invite = d.create_request("INVITE", b"v=0\r\n")
+    ack = d.create_ack(invite.cseq[0])
+    assert ack.method == "ACK" and ack.body == b""
+    assert ack.cseq == (invite.cseq[0], "ACK")
+    assert ack.uri == invite.uri  # the remote target, and the same route set
+    assert ack.headers.get_all("Route") == invite.headers.get_all("Route")
+    assert ack.top_via.branch != invite.top_via.branch  # a transaction of its own
+    assert d.create_request("BYE").cseq == (invite.cseq[0] + 1, "BYE")  # no CSeq used up
+
+
 def test_uac_dialog_reverses_record_route() -> None:
     ours = invite(
         INVITE.replace("tag=alice-tag", "tag=our-tag").replace(
