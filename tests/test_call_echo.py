@@ -14,6 +14,7 @@ import socket
 from dataclasses import replace
 
 import numpy as np
+from phone import phone_request
 
 from resample import ulaw_decode, ulaw_encode
 from sip_bridge.config import BridgeConfig
@@ -26,24 +27,10 @@ ECHO_DELAY_S = 0.4
 
 
 def _request(method: str, port: int, local: int, rtp: int, cseq: int, to_tag: str = "") -> bytes:
-    sdp = (
-        "v=0\r\no=phone 1 1 IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\nt=0 0\r\n"
-        f"m=audio {rtp} RTP/AVP 0 101\r\na=rtpmap:0 PCMU/8000\r\n"
-        "a=rtpmap:101 telephone-event/8000\r\na=ptime:20\r\n"
-    )
-    body = sdp if method == "INVITE" else ""
-    tag = f";tag={to_tag}" if to_tag else ""
-    head = (
-        f"{method} sip:echo@127.0.0.1:{port} SIP/2.0\r\n"
-        f"Via: SIP/2.0/UDP 127.0.0.1:{local};branch=z9hG4bK{method}{random.getrandbits(32)}\r\n"
-        f"From: <sip:phone@127.0.0.1:{local}>;tag=ph1\r\n"
-        f"To: <sip:echo@127.0.0.1:{port}>{tag}\r\n"
-        f"Call-ID: echo-test-call\r\nCSeq: {cseq} {method}\r\n"
-        f"Contact: <sip:phone@127.0.0.1:{local}>\r\nMax-Forwards: 70\r\n"
-    )
-    if body:
-        head += "Content-Type: application/sdp\r\n"
-    return (head + f"Content-Length: {len(body)}\r\n\r\n" + body).encode()
+    return phone_request(
+        method, port, local, cseq, rtp=rtp, to_tag=to_tag, call_id="echo-test-call",
+        telephone_event=True,
+    )  # fmt: skip
 
 
 async def _recv_final(sock: socket.socket) -> SipResponse:

@@ -13,6 +13,7 @@ import random
 import socket
 
 import pytest
+from phone import phone_request
 
 from agent import CallInfo, EchoAgent
 from sip_bridge.config import BridgeConfig
@@ -166,24 +167,10 @@ def test_ptime_change_is_refused_and_nothing_applied() -> None:
 def _sip(
     method: str, server: int, local: int, cseq: int, rtp: int, direction: str, tag: str
 ) -> bytes:
-    body = ""
-    if method == "INVITE":
-        body = (
-            f"v=0\r\no=phone 1 {cseq} IN IP4 127.0.0.1\r\ns=-\r\nc=IN IP4 127.0.0.1\r\n"
-            f"t=0 0\r\nm=audio {rtp} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\na=ptime:20\r\n"
-            f"a={direction}\r\n"
-        )
-    head = (
-        f"{method} sip:echo@127.0.0.1:{server} SIP/2.0\r\n"
-        f"Via: SIP/2.0/UDP 127.0.0.1:{local};branch=z9hG4bK{method}{random.getrandbits(32)}\r\n"
-        f"From: <sip:phone@127.0.0.1:{local}>;tag=ph1\r\n"
-        f"To: <sip:echo@127.0.0.1:{server}>{f';tag={tag}' if tag else ''}\r\n"
-        f"Call-ID: reinvite-test\r\nCSeq: {cseq} {method}\r\n"
-        f"Contact: <sip:phone@127.0.0.1:{local}>\r\nMax-Forwards: 70\r\n"
-    )
-    if body:
-        head += "Content-Type: application/sdp\r\n"
-    return (head + f"Content-Length: {len(body)}\r\n\r\n" + body).encode()
+    return phone_request(
+        method, server, local, cseq, rtp=rtp, to_tag=tag, call_id="reinvite-test",
+        direction=direction or None, sdp_version=cseq,
+    )  # fmt: skip
 
 
 def test_server_applies_reinvite_hold_and_new_port() -> None:

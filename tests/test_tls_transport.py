@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
-import random
 import socket
 import ssl
 from dataclasses import dataclass, replace
@@ -21,6 +20,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from phone import phone_request
 
 from sip_bridge.config import BridgeConfig, ConfigError, TlsConfig, load_config
 from sip_bridge.message import (
@@ -174,24 +174,11 @@ class Phone:
 def _request(
     method: str, bridge: int, local: int, cseq: int, rtp: int = 0, to_tag: str = "", call: str = ""
 ) -> bytes:
-    body = ""
-    if method == "INVITE":
-        body = (
-            f"v=0\r\no=phone 1 1 IN IP4 {HOST}\r\ns=-\r\nc=IN IP4 {HOST}\r\nt=0 0\r\n"
-            f"m=audio {rtp} RTP/AVP 0\r\na=rtpmap:0 PCMU/8000\r\na=ptime:20\r\n"
-        )
-    tag = f";tag={to_tag}" if to_tag else ""
     call_id = call or ("options-tls" if method == "OPTIONS" else "call-tls")
-    head = (
-        f"{method} sip:echo@{HOST}:{bridge};transport=tls SIP/2.0\r\n"
-        f"Via: SIP/2.0/TLS {HOST}:{local};branch=z9hG4bK{method}{random.getrandbits(32)}\r\n"
-        f"From: <sip:phone@{HOST}>;tag=ph1\r\nTo: <sip:echo@{HOST}>{tag}\r\n"
-        f"Call-ID: {call_id}\r\nCSeq: {cseq} {method}\r\n"
-        f"Contact: <sip:phone@{HOST}:{local};transport=tls>\r\nMax-Forwards: 70\r\n"
-    )
-    if body:
-        head += "Content-Type: application/sdp\r\n"
-    return (head + f"Content-Length: {len(body)}\r\n\r\n" + body).encode()
+    return phone_request(
+        method, bridge, local, cseq, rtp=rtp, to_tag=to_tag, call_id=call_id, transport="TLS",
+        host=HOST,
+    )  # fmt: skip
 
 
 async def _options_ok(server: BridgeServer, ctx: ssl.SSLContext) -> None:
