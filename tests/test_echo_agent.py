@@ -6,33 +6,10 @@ import asyncio
 
 import numpy as np
 import pytest
+from agent_capture import Capture
 from numpy.typing import NDArray
 
-from agent import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent, EchoAgent, HangupEvent
-
-
-class Capture(AgentOutput):
-    def __init__(self) -> None:
-        self.chunks: list[NDArray[np.int16]] = []
-        self.events: list[AgentEvent] = []
-        self.flushes = 0
-
-    def write(self, pcm: NDArray[np.int16]) -> None:
-        self.chunks.append(pcm.copy())
-
-    def flush(self) -> float:
-        self.flushes += 1
-        return 0.0
-
-    def hangup(self, reason: str = "") -> None:
-        self.events.append(HangupEvent(reason))
-
-    def emit(self, event: AgentEvent) -> None:
-        self.events.append(event)
-
-    @property
-    def audio(self) -> NDArray[np.int16]:
-        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int16)
+from agent import Agent, AgentOutput, CallInfo, DtmfEvent, EchoAgent, HangupEvent
 
 
 def _run(agent: EchoAgent, frames: list[NDArray[np.int16]]) -> Capture:

@@ -7,40 +7,23 @@ import wave
 from pathlib import Path
 
 import numpy as np
-from numpy.typing import NDArray
+from agent_capture import Capture
 
-from agent.base import AgentEvent, AgentOutput, CallInfo, DtmfEvent
+from agent.base import CallInfo, DtmfEvent
 from agent.play_record import PlayRecordAgent
-
-
-class _Out(AgentOutput):
-    def __init__(self) -> None:
-        self.written: list[NDArray[np.int16]] = []
-
-    def write(self, pcm: NDArray[np.int16]) -> None:
-        self.written.append(pcm)
-
-    def flush(self) -> float:
-        return 0.0
-
-    def hangup(self, reason: str = "") -> None:
-        pass
-
-    def emit(self, event: AgentEvent) -> None:
-        pass
 
 
 def test_plays_one_frame_per_frame_heard_and_records_at_8k(tmp_path: Path) -> None:
     audio = np.arange(1200, dtype=np.int16)  # 2.5 frames of 480 samples at 24 kHz
     agent = PlayRecordAgent(audio, 24000)
-    out = _Out()
+    out = Capture()
     asyncio.run(agent.start(CallInfo("c"), out))
     t = np.arange(480 * 50) / 24000
     heard = (8000 * np.sin(2 * np.pi * 500 * t)).astype(np.int16)
     for k in range(50):
         agent.on_audio(heard[k * 480 : (k + 1) * 480])
-    assert [w.size for w in out.written] == [480, 480, 240]  # then nothing: file done
-    assert np.array_equal(np.concatenate(out.written), audio)
+    assert [w.size for w in out.chunks] == [480, 480, 240]  # then nothing: file done
+    assert np.array_equal(np.concatenate(out.chunks), audio)
     assert agent.finished_playing
     agent.on_event(DtmfEvent("5"))
     assert agent.digits == "5"

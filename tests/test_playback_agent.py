@@ -9,40 +9,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from agent_capture import Capture
 from numpy.typing import NDArray
 
-from agent.base import AgentEvent, AgentOutput, CallInfo, HangupEvent
+from agent.base import CallInfo, HangupEvent
 from agent.playback import PlaybackAgent, WavFormatError, load_wav
 from resample import SUPPORTED_RATES, Resampler
 
 FRAME = 480
-
-
-class Capture(AgentOutput):
-    def __init__(self) -> None:
-        self.chunks: list[NDArray[np.int16]] = []
-        self.events: list[AgentEvent] = []
-        self.writes_at: list[int] = []
-        self.hangups_at: list[int] = []
-        self.tick = 0
-
-    def write(self, pcm: NDArray[np.int16]) -> None:
-        self.chunks.append(pcm.copy())
-        self.writes_at.append(self.tick)
-
-    def flush(self) -> float:
-        return 0.0
-
-    def hangup(self, reason: str = "") -> None:
-        self.events.append(HangupEvent(reason))
-        self.hangups_at.append(self.tick)
-
-    def emit(self, event: AgentEvent) -> None:
-        self.events.append(event)
-
-    @property
-    def audio(self) -> NDArray[np.int16]:
-        return np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.int16)
 
 
 def _tone(rate: int, freq: float, seconds: float, peak: float) -> NDArray[np.int16]:

@@ -6,38 +6,13 @@ import asyncio
 
 import numpy as np
 import pytest
+from agent_capture import Capture
 from numpy.typing import NDArray
 
-from agent.base import AgentEvent, AgentOutput, CallInfo, HangupEvent
+from agent.base import CallInfo
 from agent.tone import ToneAgent
 
 FRAME = 480  # 20 ms at 24 kHz
-
-
-class Capture(AgentOutput):
-    def __init__(self, keep: bool = True) -> None:
-        self.keep = keep
-        self.chunks: list[NDArray[np.int16]] = []
-        self.sizes: list[int] = []
-        self.events: list[AgentEvent] = []
-
-    def write(self, pcm: NDArray[np.int16]) -> None:
-        self.sizes.append(int(pcm.size))
-        if self.keep:
-            self.chunks.append(pcm.copy())
-
-    def flush(self) -> float:
-        return 0.0
-
-    def hangup(self, reason: str = "") -> None:
-        self.events.append(HangupEvent(reason))
-
-    def emit(self, event: AgentEvent) -> None:
-        self.events.append(event)
-
-    @property
-    def audio(self) -> NDArray[np.int16]:
-        return np.concatenate(self.chunks)
 
 
 def _run(agent: ToneAgent, frames: int, frame: int = FRAME) -> Capture:
