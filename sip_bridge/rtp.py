@@ -21,6 +21,8 @@ import random
 import struct
 from dataclasses import dataclass
 
+from jitter.seqnum import unwrap_near
+
 __all__ = [
     "DTMF_EVENTS",
     "RTP_HEADER_SIZE",
@@ -217,10 +219,7 @@ def _unwrap(last_ext: int | None, value: int, modulus: int) -> int:
         raise ValueError(f"value {value} out of range 0..{modulus - 1}")
     if last_ext is None:
         return value
-    delta = (value - last_ext) % modulus
-    if delta >= modulus // 2:
-        delta -= modulus
-    return last_ext + delta
+    return unwrap_near(value, last_ext, modulus.bit_length() - 1)
 
 
 def unwrap_seq(last_ext: int | None, seq: int) -> int:
