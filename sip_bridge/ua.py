@@ -39,6 +39,7 @@ Choices made here:
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -92,6 +93,8 @@ from sip_bridge.uas_invite import (
 
 __all__ = [
     "ALLOW",
+    "Admission",
+    "AdmitPolicy",
     "BridgeUA",
     "CallEnded",
     "CallEstablished",
@@ -123,6 +126,20 @@ class CallOffered:
     request_uri: str
     offer: SessionDescription | None  # None: delayed offer (our 200 will offer)
     source: Address
+    trunk: str | None = None  # the trunk the admission policy matched, if any
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """What the admission policy says of a new INVITE: ``status`` 0 lets it in."""
+
+    status: int = 0
+    headers: tuple[tuple[str, str], ...] = ()  # e.g. WWW-Authenticate on a 401
+    trunk: str | None = None
+
+
+# The app's say on who may call: the INVITE, its source and ``now`` in, an Admission out.
+AdmitPolicy = Callable[[SipRequest, Address, float], Admission]
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +209,7 @@ class BridgeUA:
         answer_timeout_s: float = 30.0,
         min_se: int = DEFAULT_MIN_SE,
         tls_port: int | None = None,
+        admit: AdmitPolicy | None = None,
     ) -> None:
         MediaConfig(media_address, 9)  # raises for 0.0.0.0/:: : never advertise a wildcard
         self.config = config
@@ -202,6 +220,7 @@ class BridgeUA:
         self.host = media_address if host in ("0.0.0.0", "::", "") else host
         self.answer_timeout_s = answer_timeout_s
         self.min_se = min_se
+        self.admit = admit  # None: every source may call
         t = config.timers
         self._layer = TransactionLayer(TimerConfig(t1=t.t1, t2=t.t2, t4=t.t4))
         self._timers = TimerQueue()
@@ -481,6 +500,12 @@ class BridgeUA:
         call_id = req.call_id
         if call_id in self._calls or call_id in self._ending:
             return self._reply(ev, 482, now)  # merged/looped request (RFC 3261 8.2.2.2)
+        admission = self.admit(req, ev.source, now) if self.admit is not None else Admission()
+        if admission.status:
+            resp = self._response(req, admission.status)
+            for name, value in admission.headers:
+                resp.headers.add(name, value)
+            return self._send_response(ev.tx_id, resp, now)
         if len(self._calls) >= self.config.max_calls:
             return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
         try:
@@ -517,7 +542,7 @@ class BridgeUA:
         self._calls[call_id] = call
         self._track(call, ev.tx_id)
         self._timers.arm(call_id, "answer", now + self.answer_timeout_s)
-        return [CallOffered(call_id, from_uri, to_uri, req.uri, offer, ev.source)]
+        return [CallOffered(call_id, from_uri, to_uri, req.uri, offer, ev.source, admission.trunk)]
 
     def _on_cancel(self, ev: RequestReceived, now: float) -> list[UaEvent]:
         if ev.invite_tx_id is None:
