@@ -9,15 +9,20 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import tempfile
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sip_bridge.trunks import TrunkConfig, parse_trunks
+
 __all__ = [
     "AgentConfig",
     "BridgeConfig",
     "ConfigError",
+    "ControlConfig",
+    "InboundConfig",
     "JitterConfig",
     "RtpConfig",
     "SipConfig",
@@ -115,11 +120,32 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class InboundConfig:
+    """Per-source INVITE rate limit (token bucket); rate_per_s = 0 turns it off."""
+
+    rate_per_s: float = 5.0
+    burst: int = 20
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Where ``sip-bridge status`` finds a running bridge (a Unix socket)."""
+
+    socket: str = ""  # empty: <temp dir>/sip-bridge-<SIP port>.sock
+
+    def socket_path(self, sip_port: int) -> str:
+        return self.socket or str(Path(tempfile.gettempdir()) / f"sip-bridge-{sip_port}.sock")
+
+
+@dataclass(frozen=True)
 class BridgeConfig:
     sip: SipConfig = field(default_factory=SipConfig)
     rtp: RtpConfig = field(default_factory=RtpConfig)
     jitter: JitterConfig = field(default_factory=JitterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
+    trunks: tuple[TrunkConfig, ...] = ()
+    inbound: InboundConfig = field(default_factory=InboundConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
     path: str = "<defaults>"
 
     def with_overrides(
@@ -181,6 +207,9 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "agent.echo": {"delay_s": (int, float)},
     "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
     "agent.playback": {"file": (str,), "loop": (bool,), "hangup_at_end": (bool,)},
+    "inbound": {"rate_per_s": (int, float), "burst": (int,)},
+    "control": {"socket": (str,)},
+    "trunks": {},  # an array of tables: checked by sip_bridge.trunks
 }
 
 
@@ -252,6 +281,8 @@ def _walk(data: dict[str, Any], text: str, path: str) -> None:
                 path, _line_of(text, name, None), name,
                 f"unknown section; known: {', '.join(s for s in _SCHEMA if '.' not in s)}",
             )  # fmt: skip
+        if name == "trunks":
+            continue
         _walk_section(name, value, text, path)
 
 
@@ -359,7 +390,23 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             what = f"no such file: {wav}" if agent_cfg.playback_file else "is required"
             raise ConfigError(p, line, "agent.playback.file", what)
         agent_cfg = replace(agent_cfg, playback_file=str(wav))
-    return BridgeConfig(sip=sip_cfg, rtp=rtp, jitter=jitter, agent=agent_cfg, path=p)
+    inbound = InboundConfig(**data.get("inbound", {}))
+    if inbound.rate_per_s < 0 or inbound.burst < 1:
+        line = _line_of(text, "inbound", "rate_per_s" if inbound.rate_per_s < 0 else "burst")
+        raise ConfigError(p, line, "inbound", "need rate_per_s >= 0 (0 = off) and burst >= 1")
+    control = ControlConfig(**data.get("control", {}))
+    if control.socket and not Path(control.socket).is_absolute():
+        control = ControlConfig(str(Path(p).resolve().parent / control.socket))
+    return BridgeConfig(
+        sip=sip_cfg,
+        rtp=rtp,
+        jitter=jitter,
+        agent=agent_cfg,
+        trunks=parse_trunks(data.get("trunks", []), text, p),
+        inbound=inbound,
+        control=control,
+        path=p,
+    )
 
 
 def _build_tls(tls: TlsConfig, text: str, p: str) -> TlsConfig:
