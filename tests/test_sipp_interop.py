@@ -8,24 +8,14 @@ process so the test can also look at its state afterwards.
 from __future__ import annotations
 
 import asyncio
-import shutil
-import socket
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from sipp_runner import run_sipp
 
 from sip_bridge.config import BridgeConfig, SipConfig, TimersConfig
 from sip_bridge.server import BridgeServer
-
-SCENARIOS = Path(__file__).parent / "sipp"
-SIPP = shutil.which("sipp")
-
-
-def _free_port(kind: int = socket.SOCK_DGRAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _config(**sip: object) -> BridgeConfig:
@@ -40,28 +30,7 @@ def _config(**sip: object) -> BridgeConfig:
 async def _sipp(
     server: BridgeServer, scenario: str, *args: str, timeout: float = 40, log: Path | None = None
 ) -> str:
-    # Not a skip: `make test` installs Debian's sip-tester, so a missing sipp is a broken setup.
-    assert SIPP is not None, "sipp not found: run `make setup` (apt package sip-tester)"
-    cmd = [
-        SIPP,
-        f"127.0.0.1:{server.port}",
-        "-sf", str(SCENARIOS / scenario),
-        "-i", "127.0.0.1",
-        "-p", str(_free_port()),
-        "-mp", str(_free_port()),
-        "-timeout", f"{int(timeout)}s",
-        "-timeout_error",
-        "-nostdin",
-        *(["-trace_msg", "-message_file", str(log)] if log else []),
-        *args,
-    ]  # fmt: skip
-    proc = await asyncio.create_subprocess_exec(
-        *cmd, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), timeout + 10)
-    text = out.decode(errors="replace")
-    assert proc.returncode == 0, f"sipp {scenario} failed (rc={proc.returncode}):\n{text[-3000:]}"
-    return text
+    return await run_sipp(server.port, scenario, *args, timeout=timeout, log=log)
 
 
 def _run(config: BridgeConfig, scenario: str, *args: str, settle_s: float = 0.3) -> BridgeServer:

@@ -1,0 +1,132 @@
+"""The running bridge's control socket: ``sip-bridge status`` asks, the bridge answers JSON.
+
+A Unix socket, not a TCP port: only local users with file access can ask, nothing is
+exposed to the network, and a call center's monitoring can read it with ``socat``.
+One request line (``status``) in, one JSON line out, then the connection closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["ControlError", "ControlServer", "format_status", "query"]
+
+log = logging.getLogger(__name__)
+
+MAX_REQUEST = 256
+
+
+class ControlError(OSError):
+    """No bridge answered on the control socket."""
+
+
+class ControlServer:
+    """Serves ``status`` on a Unix socket; ``status_fn`` builds the JSON-able answer."""
+
+    def __init__(self, path: str, status_fn: Callable[[], dict[str, Any]]) -> None:
+        self.path = path
+        self.status_fn = status_fn
+        self._server: asyncio.AbstractServer | None = None
+
+    async def start(self) -> None:
+        if os.path.exists(self.path):
+            if _is_live(self.path):
+                raise ControlError(f"another bridge already answers on {self.path}")
+            os.unlink(self.path)  # left behind by a bridge that was killed
+        self._server = await asyncio.start_unix_server(self._serve, path=self.path)
+        os.chmod(self.path, 0o660)
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+            with contextlib.suppress(Exception):
+                await self._server.wait_closed()
+            self._server = None
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.path)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            line = await asyncio.wait_for(reader.readline(), 2.0)
+            command = line[:MAX_REQUEST].decode("utf-8", "replace").strip()
+            if command == "status":
+                answer: dict[str, Any] = self.status_fn()
+            else:
+                answer = {"error": f"unknown command {command!r}; known: status"}
+            writer.write(json.dumps(answer).encode() + b"\n")
+            await writer.drain()
+        except (TimeoutError, ConnectionError) as exc:
+            log.debug("control connection dropped: %s", exc)
+        finally:
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+
+def _is_live(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(0.5)
+        try:
+            s.connect(path)
+        except OSError:
+            return False
+        return True
+
+
+def query(path: str, command: str = "status", timeout_s: float = 3.0) -> dict[str, Any]:
+    """Ask the bridge on ``path``; ControlError when none answers."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout_s)
+            s.connect(path)
+            s.sendall(command.encode() + b"\n")
+            chunks = []
+            while chunk := s.recv(65536):
+                chunks.append(chunk)
+    except OSError as exc:
+        raise ControlError(f"no bridge answers on {path}: {exc.strerror or exc}") from None
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:
+        raise ControlError(f"garbled answer from {path}") from None
+    if not isinstance(answer, dict):
+        raise ControlError(f"garbled answer from {path}")
+    return answer
+
+
+def format_status(st: dict[str, Any]) -> str:
+    """The human view of a status answer."""
+    lines = [
+        f"sip-bridge {st.get('version', '?')}  up {st.get('uptime_s', 0):.0f} s  "
+        f"listening {st.get('listen', '?')}  agent {st.get('agent', '?')}",
+        "calls: {active} active / {max_calls} max; offered {offered}, answered {established}, "
+        "ended {ended}".format(**{**st.get("counters", {}), **st.get("limits", {})}),
+    ]
+    adm = st.get("admission", {})
+    if adm:
+        lines.append("inbound: " + ", ".join(f"{k} {v}" for k, v in adm.items()))
+    regs = st.get("registrations", [])
+    lines.append(f"registrations ({len(regs)}):")
+    for r in regs:
+        exp = f", expires in {r['expires_in_s']:.0f} s" if r.get("expires_in_s") else ""
+        err = f", last error: {r['last_error']}" if r.get("last_error") else ""
+        lines.append(
+            f"  {r['trunk']:<16} {r['state']:<12} {r['aor']} via {r['registrar']}{exp}{err}"
+        )
+    calls = st.get("calls", [])
+    lines.append(f"active calls ({len(calls)}):")
+    lines.extend(
+        f"  {c['call_id']:<36} {c['state']:<9} {c['duration_s']:>7.1f} s  "
+        f"{c['caller']} -> {c['callee']}  trunk {c.get('trunk') or '-'}  "
+        f"rx {c.get('packets_in', 0)} tx {c.get('packets_out', 0)} "
+        f"jb {c.get('jitter_delay_ms', 0):.0f} ms loss {c.get('loss_pct', 0):.1f} %"
+        for c in calls
+    )
+    return "\n".join(lines)
