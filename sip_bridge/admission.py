@@ -6,13 +6,13 @@ sources no trunk owns, 503 + Retry-After for a source over its INVITE rate.
 
 Rules, in order:
 
-1. Over the per-source INVITE rate (token bucket): 503.
-2. No trunks configured: everyone may call (the embedded default listens on loopback).
-3. The trunks that may own this source: those whose ``acl`` matches it, those that register
+1. The trunks that may own this source: those whose ``acl`` matches it, those that register
    and whose registrar this source is, and those with ``inbound_auth`` and no ``acl``
    (a PBX or softphone with no fixed address, which must prove itself with digest).
-   None: 403.
-4. One of them needs no digest: admitted as that trunk. Otherwise the INVITE must carry
+   One of them needs no digest: admitted as that trunk, whatever its call rate.
+2. Any other source over its INVITE rate (``[inbound]`` token bucket): 503 + Retry-After.
+3. No trunks configured: everyone else may call (the embedded default listens on loopback).
+4. No owner: 403. Otherwise the INVITE must carry
    digest credentials of one of them: none (or an expired nonce) gets 401 with a challenge
    per realm and algorithm (``auth_algorithms``); wrong ones get 403.
 """
@@ -62,20 +62,20 @@ class InboundPolicy:
 
     def __call__(self, req: SipRequest, source: Address, now: float) -> Admission:
         ip = source[0]
+        owners = self._owners(ip) if self.trunks else []
+        for trunk in owners:
+            if not trunk.inbound_auth:  # a trunk's own address: never rate limited
+                self.counts["admitted"] += 1
+                return Admission(trunk=trunk.name)
         if self._limiter is not None and not self._limiter.allow(ip, now):
             self.counts["rate_limited"] += 1
             return Admission(503, (("Retry-After", str(self.retry_after_s)),))
         if not self.trunks:
             self.counts["admitted"] += 1
             return Admission()
-        owners = self._owners(ip)
         if not owners:
             self.counts["forbidden"] += 1
             return Admission(403)
-        for trunk in owners:
-            if not trunk.inbound_auth:
-                self.counts["admitted"] += 1
-                return Admission(trunk=trunk.name)
         return self._digest(req, owners, now)
 
     def _owners(self, ip: str) -> list[TrunkConfig]:

@@ -121,10 +121,11 @@ class AgentConfig:
 
 @dataclass(frozen=True)
 class InboundConfig:
-    """Per-source INVITE rate limit (token bucket); rate_per_s = 0 turns it off."""
+    """INVITE rate limit per source not owned by an IP-authenticated trunk (token bucket);
+    rate_per_s = 0 turns it off."""
 
-    rate_per_s: float = 5.0
-    burst: int = 20
+    rate_per_s: float = 50.0
+    burst: int = 100
 
 
 @dataclass(frozen=True)

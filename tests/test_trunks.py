@@ -179,3 +179,18 @@ def test_a_source_over_its_invite_rate_gets_503_with_retry_after() -> None:
     assert ("Retry-After", "5") in policy(_invite(), src, 0.1).headers
     assert policy(_invite(), ("198.51.100.2", 5060), 0.1).status == 0  # others unaffected
     assert policy(_invite(), src, 1.5).status == 0  # refilled
+
+
+def test_a_trunks_own_address_is_never_rate_limited_but_digest_peers_are() -> None:
+    policy = InboundPolicy((CARRIER, PBX), InboundConfig(rate_per_s=1.0, burst=1), 0.0)
+    assert {policy(_invite(), ("203.0.113.1", 5060), 0.0).status for _ in range(50)} == {0}
+    other = ("192.0.2.1", 5060)
+    assert [policy(_invite(), other, 0.0).status for _ in range(2)] == [401, 503]
+
+
+def test_credentials_made_for_another_target_are_not_accepted() -> None:
+    policy = _policy(PBX)
+    value = policy(_invite(), ("192.0.2.50", 5060), 1.0).headers[0][1]
+    challenge = choose_challenge([value])
+    auth = DigestClient("pbx", "pbx-pass").authorize(challenge, "INVITE", "sip:echo@192.0.2.99")
+    assert policy(_invite(auth), ("192.0.2.50", 5060), 2.0).status == 401
