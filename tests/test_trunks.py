@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -194,3 +195,18 @@ def test_credentials_made_for_another_target_are_not_accepted() -> None:
     challenge = choose_challenge([value])
     auth = DigestClient("pbx", "pbx-pass").authorize(challenge, "INVITE", "sip:echo@192.0.2.99")
     assert policy(_invite(auth), ("192.0.2.50", 5060), 2.0).status == 401
+
+
+def test_the_trunk_examples_in_the_shipped_config_load_when_uncommented(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = (Path(__file__).resolve().parents[1] / "config" / "bridge.toml").read_text()
+    examples = shipped[shipped.index("# [[trunks]]") :]
+    uncommented = [line.removeprefix("# ") for line in examples.splitlines()]
+    lines = [line for line in uncommented if re.match(r"\[\[|\w+ = |\s+#", line)]
+    monkeypatch.setenv("CARRIER_SIP_PASSWORD", "pw")
+    (tmp_path / "secrets").mkdir()
+    (tmp_path / "secrets" / "office.pw").write_text("office-pw\n")
+    cfg = load_config(_write(tmp_path, "\n".join(lines) + "\n"))
+    assert [t.name for t in cfg.trunks] == ["carrier", "pbx", "office"]
+    assert cfg.trunks[0].registers and cfg.trunks[2].password == "office-pw"
