@@ -32,10 +32,21 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from enum import StrEnum
 
 from sip_bridge.message import NameAddr, SipRequest, SipResponse, make_response
 from sip_bridge.timers import TimerConfig, TimerQueue, is_reliable
+from sip_bridge.transaction_events import (
+    AckReceived,
+    AckTimeout,
+    Event,
+    RequestReceived,
+    ResponseReceived,
+    SendMessage,
+    StrayResponse,
+    TransactionError,
+    TransactionTimeout,
+    TxState,
+)
 
 __all__ = [
     "AckReceived",
@@ -54,97 +65,6 @@ __all__ = [
 
 Address = tuple[str, int]
 MAGIC_COOKIE = "z9hG4bK"
-
-
-class TransactionError(ValueError):
-    """The TU asked for something the transaction's state does not allow."""
-
-
-class TxState(StrEnum):
-    CALLING = "calling"
-    TRYING = "trying"
-    PROCEEDING = "proceeding"
-    COMPLETED = "completed"
-    CONFIRMED = "confirmed"
-    ACCEPTED = "accepted"
-
-
-@dataclass(frozen=True, slots=True)
-class SendMessage:
-    """Bytes the transport must send to ``destination`` over ``transport``."""
-
-    data: bytes
-    destination: Address
-    transport: str
-
-
-@dataclass(frozen=True, slots=True)
-class RequestReceived:
-    """A new request (never a retransmission) for the TU to answer with ``send_response``.
-
-    For a CANCEL, ``invite_tx_id`` names the INVITE server transaction it matches (RFC
-    3261 9.2), or is None when there is none (the TU answers 481).
-    """
-
-    tx_id: str
-    request: SipRequest
-    source: Address
-    invite_tx_id: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ResponseReceived:
-    """A response for the client transaction ``tx_id`` (retransmissions absorbed, except
-    2xx to an INVITE, which the UA must re-ACK)."""
-
-    tx_id: str
-    response: SipResponse
-
-
-@dataclass(frozen=True, slots=True)
-class StrayResponse:
-    """A response that matches no client transaction (e.g. a 2xx after Timer M)."""
-
-    response: SipResponse
-    source: Address
-
-
-@dataclass(frozen=True, slots=True)
-class AckReceived:
-    """An ACK for a 2xx: ``tx_id`` is the Accepted INVITE server transaction it stopped,
-    or None when it matched none (late or stray; the UA's dialog layer decides)."""
-
-    tx_id: str | None
-    request: SipRequest
-    source: Address
-
-
-@dataclass(frozen=True, slots=True)
-class AckTimeout:
-    """No ACK for the 2xx ``response`` within Timer L: the UA should send BYE."""
-
-    tx_id: str
-    response: SipResponse
-
-
-@dataclass(frozen=True, slots=True)
-class TransactionTimeout:
-    """Timer ``timer`` (B, C, F or H) expired; the transaction is gone."""
-
-    tx_id: str
-    timer: str
-    reason: str
-
-
-Event = (
-    SendMessage
-    | RequestReceived
-    | ResponseReceived
-    | StrayResponse
-    | AckReceived
-    | AckTimeout
-    | TransactionTimeout
-)
 
 
 @dataclass(slots=True, eq=False)

@@ -1,7 +1,7 @@
 """SIP over UDP, TCP and TLS (IPv4 and IPv6): the thin asyncio layer under the sans-I/O core.
 
 It only moves bytes: UDP datagrams are handed up whole, TCP and TLS streams are
-cut into messages with :class:`~sip_bridge.message.StreamFramer`. Replies to a
+cut into messages with :class:`~sip_bridge.framing.StreamFramer`. Replies to a
 stream peer go back on the connection the peer opened (RFC 3261 18.2.2); a new
 connection is opened only when there is none. TLS is TCP with an
 :class:`ssl.SSLContext` on the connection (RFC 3261 26.2, RFC 5630); the
@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import cast
 
-from sip_bridge.message import SipMessage, SipParseError, StreamFramer
+from sip_bridge.framing import StreamFramer
+from sip_bridge.message import SipMessage, SipParseError
 
 __all__ = [
     "Address",

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sip_bridge.framing import StreamFramer
 from sip_bridge.message import (
     Headers,
     NameAddr,
@@ -19,7 +20,6 @@ from sip_bridge.message import (
     SipRequest,
     SipResponse,
     SipUri,
-    StreamFramer,
     Via,
     make_response,
     new_branch,

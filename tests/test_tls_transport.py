@@ -23,11 +23,11 @@ from cryptography.x509.oid import NameOID
 from phone import phone_request
 
 from sip_bridge.config import BridgeConfig, ConfigError, TlsConfig, load_config
+from sip_bridge.framing import StreamFramer
 from sip_bridge.message import (
     SipMessage,
     SipRequest,
     SipResponse,
-    StreamFramer,
     make_response,
 )
 from sip_bridge.server import BridgeServer
