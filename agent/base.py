@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
+from typing import Literal, TypeAlias
 
 import numpy as np
 from numpy.typing import NDArray
@@ -24,6 +25,7 @@ __all__ = [
     "DtmfEvent",
     "HangupEvent",
     "TransferRequest",
+    "TransferResult",
 ]
 
 #: What agents hear and speak unless they say otherwise: the speech model's native rate.
@@ -63,7 +65,8 @@ class TransferRequest:
     target: str
 
 
-AgentEvent = DtmfEvent | HangupEvent | TransferRequest
+# A string: TransferResult is defined at the end of the module.
+AgentEvent: TypeAlias = "DtmfEvent | HangupEvent | TransferRequest | TransferResult"
 
 
 class AgentOutput(abc.ABC):
@@ -84,6 +87,12 @@ class AgentOutput(abc.ABC):
     @abc.abstractmethod
     def emit(self, event: AgentEvent) -> None:
         """Send any other event to the bridge (e.g. a :class:`TransferRequest`)."""
+
+    def send_dtmf(self, digits: str) -> None:
+        """Press keys towards the caller (RFC 4733 events on the call's RTP stream, queued
+        behind each other; audio waits while one plays). Concrete so that outputs which
+        cannot send DTMF (test captures) need not implement it: they raise."""
+        raise NotImplementedError(f"{type(self).__name__} cannot send DTMF")
 
 
 class Agent(abc.ABC):
@@ -113,3 +122,18 @@ class Agent(abc.ABC):
 
     async def stop(self) -> None:  # noqa: B027 (optional hook)
         """The call is gone; release resources. Nothing is sent after this."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransferResult:
+    """To the agent: how its :class:`TransferRequest` ended (once per request).
+
+    ``outcome`` is "succeeded" (the target answered; the bridge hangs up soon) or
+    "failed"; ``status`` is the SIP status behind it (0 when unknown), ``target`` the URI
+    the REFER named.
+    """
+
+    target: str
+    outcome: Literal["succeeded", "failed"]
+    status: int = 0
+    reason: str = ""

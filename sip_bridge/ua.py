@@ -33,27 +33,22 @@ Choices made here:
   (re-INVITE/UPDATE) restarts it; one that drops Session-Expires keeps the negotiated
   timer (lenient: the call stays guarded).  As refresher we send UPDATE (re-INVITE with
   our SDP when the peer does not allow UPDATE) at half the interval; with no refresh by
-  SE - min(32, SE/3) we send BYE and end the call ``by="timeout"``.
+  SE - min(32, SE/3) we send BYE and end the call ``by="timeout"``
+  (:mod:`sip_bridge.ua_session`).
+- Blind transfer (RFC 3515): ``transfer()`` sends REFER; the NOTIFYs' sipfrag become
+  :class:`TransferProgress` events (:mod:`sip_bridge.ua_transfer`, :mod:`sip_bridge.transfer`).
+  NOTIFY is allowed (in-dialog only); REFER to us is not (405).
 """
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import dataclass
 
 from sip_bridge.config import SipConfig
 from sip_bridge.dialog import Dialog, DialogError
-from sip_bridge.message import (
-    NameAddr,
-    SipRequest,
-    SipResponse,
-    SipUri,
-    make_response,
-    new_tag,
-    parse_message,
-)
+from sip_bridge.message import NameAddr, SipRequest, SipResponse, SipUri, new_tag, parse_message
 from sip_bridge.offer_answer import (
     MediaConfig,
     NegotiatedMedia,
@@ -62,14 +57,8 @@ from sip_bridge.offer_answer import (
     answered_media,
     make_offer,
 )
-from sip_bridge.sdp import NoCommonCodec, SdpError, SessionDescription, parse_sdp
-from sip_bridge.session_timer import (
-    DEFAULT_MIN_SE,
-    IntervalTooSmall,
-    SessionTimer,
-    negotiate,
-    parse_session_expires,
-)
+from sip_bridge.sdp import NoCommonCodec, SdpError, parse_sdp
+from sip_bridge.session_timer import DEFAULT_MIN_SE, IntervalTooSmall, negotiate
 from sip_bridge.timers import TimerConfig, TimerQueue
 from sip_bridge.transaction import (
     AckReceived,
@@ -78,21 +67,36 @@ from sip_bridge.transaction import (
     RequestReceived,
     ResponseReceived,
     SendMessage,
-    TransactionError,
     TransactionLayer,
     TransactionTimeout,
 )
+from sip_bridge.ua_core import ACCEPT, ALLOW, SUPPORTED, UaCall
+from sip_bridge.ua_events import (
+    Address,
+    CallEnded,
+    CallEstablished,
+    CallOffered,
+    DtmfInfo,
+    MediaUpdated,
+    Send,
+    TransferProgress,
+    UaEvent,
+)
+from sip_bridge.ua_session import SessionMixin
+from sip_bridge.ua_transfer import TransferMixin
 from sip_bridge.uas_invite import (
     UnsupportedBody,
     dtmf_digit,
-    in_dialog_destination,
     sdp_offer,
     stamp_via,
     stateless_error,
 )
 
 __all__ = [
+    "ACCEPT",
     "ALLOW",
+    "SUPPORTED",
+    "Address",
     "Admission",
     "AdmitPolicy",
     "BridgeUA",
@@ -102,31 +106,9 @@ __all__ = [
     "DtmfInfo",
     "MediaUpdated",
     "Send",
+    "TransferProgress",
     "UaEvent",
 ]
-
-Address = tuple[str, int]
-ALLOW = ("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "UPDATE", "INFO")
-SUPPORTED: tuple[str, ...] = ("timer",)  # option tags we implement (no 100rel yet)
-_CALL_TIMERS = ("answer", "st-refresh", "st-expire")
-ACCEPT = "application/sdp, application/dtmf-relay"
-
-
-# Bytes the transport must send: the transaction layer's event, passed through as is.
-Send = SendMessage
-
-
-@dataclass(frozen=True, slots=True)
-class CallOffered:
-    """A new call: allocate an RTP port, then ``answer()`` or ``reject()``."""
-
-    call_id: str
-    from_uri: str
-    to_uri: str
-    request_uri: str
-    offer: SessionDescription | None  # None: delayed offer (our 200 will offer)
-    source: Address
-    trunk: str | None = None  # the trunk the admission policy matched, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,61 +124,7 @@ class Admission:
 AdmitPolicy = Callable[[SipRequest, Address, float], Admission]
 
 
-@dataclass(frozen=True, slots=True)
-class CallEstablished:
-    call_id: str
-    media: NegotiatedMedia
-
-
-@dataclass(frozen=True, slots=True)
-class MediaUpdated:
-    """A re-INVITE/UPDATE changed the media (hold, new address, new port...)."""
-
-    call_id: str
-    media: NegotiatedMedia
-
-
-@dataclass(frozen=True, slots=True)
-class CallEnded:
-    call_id: str
-    reason: str
-    by: Literal["remote", "local", "timeout"]
-
-
-@dataclass(frozen=True, slots=True)
-class DtmfInfo:
-    """A digit from a SIP INFO (application/dtmf-relay or application/dtmf)."""
-
-    call_id: str
-    digit: str
-
-
-UaEvent = Send | CallOffered | CallEstablished | MediaUpdated | CallEnded | DtmfInfo
-
-
-@dataclass(eq=False)
-class _Call:
-    call_id: str
-    invite: SipRequest
-    invite_tx: str
-    source: Address
-    transport: str
-    dialog: Dialog
-    offer: SessionDescription | None
-    state: str = "offered"  # offered -> answered (2xx sent) -> confirmed (ACKed)
-    local_sdp: SessionDescription | None = None
-    media: MediaConfig | None = None
-    reoffer_tx: str | None = None  # re-INVITE without SDP: the ACK carries the answer
-    bye_tx: str | None = None
-    bye_after_ack: bool = False
-    txs: set[str] = field(default_factory=set)
-    timer: SessionTimer | None = None  # RFC 4028 session timer, once negotiated
-    peer_allows_update: bool = False
-    refresh_tx: str | None = None  # our pending session refresh (UPDATE or re-INVITE)
-    refresh_ack: tuple[str, SipRequest] | None = None  # re-INVITE tx and the ACK of its 2xx
-
-
-class BridgeUA:
+class BridgeUA(SessionMixin, TransferMixin):
     """All SIP calls of one bridge listener; ``active_calls`` counts the app's live calls."""
 
     def __init__(
@@ -210,6 +138,8 @@ class BridgeUA:
         min_se: int = DEFAULT_MIN_SE,
         tls_port: int | None = None,
         admit: AdmitPolicy | None = None,
+        transfer_timeout_s: float = 32.0,
+        transfer_bye_s: float = 4.0,
     ) -> None:
         MediaConfig(media_address, 9)  # raises for 0.0.0.0/:: : never advertise a wildcard
         self.config = config
@@ -221,12 +151,14 @@ class BridgeUA:
         self.answer_timeout_s = answer_timeout_s
         self.min_se = min_se
         self.admit = admit  # None: every source may call
+        self.transfer_timeout_s = transfer_timeout_s  # REFER sent -> final NOTIFY, at most
+        self.transfer_bye_s = transfer_bye_s  # transfer succeeded -> our BYE if none came
         t = config.timers
         self._layer = TransactionLayer(TimerConfig(t1=t.t1, t2=t.t2, t4=t.t4))
         self._timers = TimerQueue()
-        self._calls: dict[str, _Call] = {}  # live, as the app sees them
-        self._ending: dict[str, _Call] = {}  # ended for the app, BYE still to finish
-        self._by_tx: dict[str, _Call] = {}
+        self._calls: dict[str, UaCall] = {}  # live, as the app sees them
+        self._ending: dict[str, UaCall] = {}  # ended for the app, BYE still to finish
+        self._by_tx: dict[str, UaCall] = {}
         self.created_at = now
 
     # ------------------------------------------------------------------ inspection
@@ -284,6 +216,8 @@ class BridgeUA:
                 out += self._send_refresh(call, now)
             elif due[1] == "st-expire":
                 out += self._hang(call, now, "session timer expired", "timeout")
+            elif due[1] in ("xfer-expire", "xfer-bye"):
+                out += self._transfer_timer(call, due[1], now)
         return out
 
     # ------------------------------------------------------------------ app commands
@@ -346,16 +280,6 @@ class BridgeUA:
             return [*self._final(call, 480, now), self._end(call, reason, "local")]
         return self._hang(call, now, reason, "local")
 
-    def _hang(
-        self, call: _Call, now: float, reason: str, by: Literal["local", "timeout"]
-    ) -> list[UaEvent]:
-        """End an answered call: BYE now, or once the ACK of our 2xx is in."""
-        out: list[UaEvent] = [self._end(call, reason, by, keep=True)]
-        if call.state == "answered":
-            call.bye_after_ack = True
-            return out
-        return out + self._send_bye(call, now)
-
     # ------------------------------------------------------------------ plumbing
     def _process(self, events: list[Event], transport: str, now: float) -> list[UaEvent]:
         out: list[UaEvent] = []
@@ -371,83 +295,6 @@ class BridgeUA:
             elif isinstance(ev, ResponseReceived | TransactionTimeout):
                 out += self._on_client_result(ev, now)
         return out
-
-    def _response(self, req: SipRequest, status: int, to_tag: str | None = None) -> SipResponse:
-        resp = make_response(req, status, to_tag=to_tag or new_tag())
-        resp.headers.add("Server", self.config.user_agent)
-        return resp
-
-    def _describe(self, resp: SipResponse) -> None:
-        """Capabilities (RFC 3261 11.2): what we allow, accept and support."""
-        resp.headers.add("Allow", ", ".join(ALLOW))
-        resp.headers.add("Accept", ACCEPT)
-        resp.headers.add("Supported", ", ".join(SUPPORTED))
-
-    def _send_response(self, tx_id: str, resp: SipResponse, now: float) -> list[UaEvent]:
-        try:
-            return self._process(self._layer.send_response(tx_id, resp, now), "", now)
-        except TransactionError:
-            return []  # the transaction is gone (timed out): nothing left to answer
-
-    def _reply(self, ev: RequestReceived, status: int, now: float, **headers: str) -> list[UaEvent]:
-        resp = self._response(ev.request, status)
-        for name, value in headers.items():
-            resp.headers.add(name.replace("_", "-"), value)
-        return self._send_response(ev.tx_id, resp, now)
-
-    def _final(
-        self, call: _Call, status: int, now: float, warning: SdpError | None = None
-    ) -> list[UaEvent]:
-        """A non-2xx final response to the call's INVITE."""
-        resp = self._response(call.invite, status, call.dialog.local_tag)
-        if status == 503:
-            resp.headers.add("Retry-After", str(self.config.retry_after_s))
-        if isinstance(warning, NoCommonCodec):
-            resp.headers.add("Warning", warning.warning(self.host))
-        return self._send_response(call.invite_tx, resp, now)
-
-    def _end(
-        self,
-        call: _Call,
-        reason: str,
-        by: Literal["remote", "local", "timeout"],
-        keep: bool = False,
-    ) -> CallEnded:
-        """Remove the call from the app's view; ``keep`` it while a BYE is still to run."""
-        self._calls.pop(call.call_id, None)
-        self._timers.cancel_all(call.call_id, _CALL_TIMERS)
-        if keep:
-            self._ending[call.call_id] = call
-        else:
-            self._forget(call)
-        return CallEnded(call.call_id, reason, by)
-
-    def _forget(self, call: _Call) -> None:
-        self._calls.pop(call.call_id, None)
-        self._ending.pop(call.call_id, None)
-        for tx in call.txs:
-            if self._by_tx.get(tx) is call:
-                del self._by_tx[tx]
-
-    def _track(self, call: _Call, tx_id: str) -> None:
-        call.txs.add(tx_id)
-        self._by_tx[tx_id] = call
-
-    def _send_bye(self, call: _Call, now: float) -> list[UaEvent]:
-        if call.bye_tx is not None:
-            return []
-        call.bye_after_ack = False
-        self._ending[call.call_id] = call
-        bye = call.dialog.create_request("BYE")
-        dest, transport = in_dialog_destination(call.dialog, call.source, call.transport)
-        try:
-            tx_id, events = self._layer.send_request(bye, dest, transport, now)
-        except (TransactionError, ValueError):
-            self._forget(call)
-            return []
-        call.bye_tx = tx_id
-        self._track(call, tx_id)
-        return self._process(events, transport, now)
 
     # ------------------------------------------------------------------ requests
     def _on_request(self, ev: RequestReceived, transport: str, now: float) -> list[UaEvent]:
@@ -480,8 +327,10 @@ class BridgeUA:
         if call.call_id in self._ending:  # ended for the app; let the peer close cleanly
             return self._reply(ev, 200 if method == "BYE" else 481, now)
         if method == "BYE":
-            out = self._reply(ev, 200, now)
+            out = self._reply(ev, 200, now) + self._transfer_abandoned(call)
             return [*out, self._end(call, "caller hung up", "remote")]
+        if method == "NOTIFY":
+            return self._on_notify(call, ev, now)
         if method == "OPTIONS":
             return self._options(ev, now)
         if method == "INFO":
@@ -537,7 +386,7 @@ class BridgeUA:
             to_uri = NameAddr.parse(req.headers.get("To") or "").uri
         except (DialogError, ValueError) as exc:
             return self._reply(ev, getattr(exc, "status", 400), now)
-        call = _Call(call_id, req, ev.tx_id, ev.source, transport, dialog, offer, timer=timer)
+        call = UaCall(call_id, req, ev.tx_id, ev.source, transport, dialog, offer, timer=timer)
         call.peer_allows_update = "UPDATE" in (m.upper() for m in req.headers.get_all("Allow"))
         self._calls[call_id] = call
         self._track(call, ev.tx_id)
@@ -553,49 +402,6 @@ class BridgeUA:
             return out  # already answered: the CANCEL has no effect (RFC 3261 9.2)
         out += self._final(call, 487, now)
         return [*out, self._end(call, "cancelled", "remote")]
-
-    def _on_refresh(self, call: _Call, ev: RequestReceived, now: float) -> list[UaEvent]:
-        """re-INVITE or UPDATE: new remote target and, with SDP, a new answer."""
-        req = ev.request
-        if call.state != "confirmed" or call.reoffer_tx is not None or call.media is None:
-            return self._reply(ev, 500, now, Retry_After="1")  # RFC 3261 14.2
-        if req.method == "INVITE" and call.refresh_ack and call.refresh_ack[0] == call.refresh_tx:
-            return self._reply(ev, 491, now)  # our refresh re-INVITE is pending: glare (14.2)
-        try:
-            timer = negotiate(req, self.min_se) or call.timer
-        except IntervalTooSmall as exc:  # the session goes on unchanged (RFC 4028 9)
-            return self._reply(ev, 422, now, Min_SE=str(exc.min_se))
-        except ValueError:
-            return self._reply(ev, 400, now, Warning=f'399 {self.host} "bad Session-Expires"')
-        try:
-            offer = sdp_offer(req)
-            sdp = call.local_sdp
-            assert sdp is not None
-            negotiated = None
-            if offer is not None:
-                sdp = answer(offer, call.media, previous=call.local_sdp)
-                negotiated = answered_media(offer, sdp)
-            call.dialog.refresh_target(req)  # only once the request is accepted (12.2.2)
-        except (DialogError, SdpError) as exc:  # the old session stays as it was (14.2)
-            warn = {"Warning": exc.warning(self.host)} if isinstance(exc, NoCommonCodec) else {}
-            return self._reply(ev, exc.status, now, **warn)
-        call.timer = timer
-        resp = self._response(req, 200, call.dialog.local_tag)
-        resp.headers.add("Contact", call.dialog.local_contact)
-        self._describe(resp)
-        self._session_headers(resp, call, now)
-        if offer is not None:
-            call.offer, call.local_sdp = offer, sdp
-        elif req.method == "INVITE":
-            call.reoffer_tx = ev.tx_id  # we re-offer what we have; the ACK carries the answer
-        else:
-            return self._send_response(ev.tx_id, resp, now)  # UPDATE without SDP: a refresh
-        resp.headers.add("Content-Type", "application/sdp")
-        resp.body = sdp.to_bytes()
-        out = self._send_response(ev.tx_id, resp, now)
-        if req.method == "INVITE":
-            self._track(call, ev.tx_id)
-        return out + ([MediaUpdated(call.call_id, negotiated)] if negotiated else [])
 
     # ------------------------------------------------------------------ ACK, BYE results
     def _on_ack(self, ev: AckReceived, now: float) -> list[UaEvent]:
@@ -649,83 +455,6 @@ class BridgeUA:
         if ev.tx_id == call.bye_tx:
             self._forget(call)  # BYE answered (any final) or timed out: the dialog is over
             return []
-        ack = call.refresh_ack
-        resp = ev.response if isinstance(ev, ResponseReceived) else None
-        if resp is not None and resp.status < 300 and ack and ack[0] == ev.tx_id:
-            # Every 2xx copy to our re-INVITE gets the ACK (RFC 3261 13.2.2.4).
-            dest, transport = in_dialog_destination(call.dialog, call.source, call.transport)
-            out = self._process(self._layer.send_stateless(ack[1], dest, transport), "", now)
-            if ack[0] != call.refresh_tx:
-                return out  # a retransmitted 2xx: the refresh already counted
-            return out + self._on_refreshed(call, resp, now)
-        if ev.tx_id != call.refresh_tx:
-            return []
-        call.refresh_tx = None
-        if call.call_id not in self._calls:
-            return []
-        if isinstance(ev, TransactionTimeout) or ev.response.status in (408, 481):
-            return self._hang(call, now, "session refresh failed", "timeout")  # 12.2.1.2
-        if ev.response.status >= 300:
-            return []  # e.g. 491: the expiry timer still runs and decides
-        return self._on_refreshed(call, ev.response, now)
-
-    # ------------------------------------------------------------------ session timers
-    def _session_headers(self, resp: SipResponse, call: _Call, now: float) -> None:
-        """Session-Expires (and Require: timer) on a 2xx; the session timer restarts."""
-        timer = call.timer
-        if timer is None:
-            return
-        resp.headers.add("Session-Expires", timer.header)
-        if timer.require:
-            resp.headers.add("Require", "timer")
-        self._arm_session(call, now)
-
-    def _arm_session(self, call: _Call, now: float) -> None:
-        timer = call.timer
-        if timer is None:
-            return
-        self._timers.cancel_all(call.call_id, ("st-refresh", "st-expire"))
-        if timer.refresher == "uas":
-            self._timers.arm(call.call_id, "st-refresh", now + timer.refresh_after)
-        self._timers.arm(call.call_id, "st-expire", now + timer.expire_after)
-
-    def _send_refresh(self, call: _Call, now: float) -> list[UaEvent]:
-        """We refresh (RFC 4028 7.4): UPDATE when allowed, else re-INVITE with our SDP."""
-        timer, sdp = call.timer, call.local_sdp
-        if timer is None or sdp is None or call.state != "confirmed":
-            return []
-        if call.refresh_tx is not None or call.reoffer_tx is not None:
-            return []  # a transaction is still pending; the expiry timer stays armed
-        try:
-            if call.peer_allows_update:
-                req = call.dialog.create_request("UPDATE")
-            else:
-                req = call.dialog.create_request("INVITE", sdp.to_bytes())
-                req.headers.add("Allow", ", ".join(ALLOW))
-            req.headers.add("Session-Expires", f"{timer.interval};refresher=uas")
-            req.headers.add("Min-SE", str(self.min_se))
-            req.headers.add("Supported", ", ".join(SUPPORTED))
-            dest, transport = in_dialog_destination(call.dialog, call.source, call.transport)
-            tx_id, events = self._layer.send_request(req, dest, transport, now)
-        except (TransactionError, ValueError):
-            return []
-        call.refresh_tx = tx_id
-        if req.method == "INVITE":
-            call.refresh_ack = (tx_id, call.dialog.create_ack(req.cseq[0]))
-        self._track(call, tx_id)
-        return self._process(events, transport, now)
-
-    def _on_refreshed(self, call: _Call, resp: SipResponse, now: float) -> list[UaEvent]:
-        """A 2xx to our refresh: the peer may have changed interval or refresher."""
-        call.refresh_tx = None
-        timer = call.timer
-        value = resp.headers.get("Session-Expires")
-        if timer is not None and value:
-            try:
-                interval, refresher = parse_session_expires(value)
-                call.timer = SessionTimer(interval, refresher or "uas", timer.require)
-            except ValueError:
-                pass  # keep what we asked for
-        if call.call_id in self._calls:
-            self._arm_session(call, now)
-        return []
+        if ev.tx_id == call.refer_tx:
+            return self._on_refer_result(call, ev, now)
+        return self._on_refresh_result(call, ev, now)

@@ -564,8 +564,9 @@ def test_options_200_lists_capabilities() -> None:
     events = ua.receive_bytes(options_text(), ("198.51.100.1", 5060), "udp", 0.0)
     [ok] = responses(events, 200)
     assert ok.headers.get_all("Allow") == [
-        "INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "UPDATE", "INFO"
+        "INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "UPDATE", "INFO", "NOTIFY"
     ]  # fmt: skip
+    assert "message/sipfrag" in ok.headers.get_all("Accept")
     assert "application/sdp" in ok.headers.get_all("Accept")
     assert "Supported" in ok.headers
     assert NameAddr.parse(ok.headers.get("To") or "").tag

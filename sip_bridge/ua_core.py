@@ -1,0 +1,169 @@
+"""The bridge UA's call record and the plumbing every part of it shares.
+
+:class:`UaCore` holds what :class:`~sip_bridge.ua.BridgeUA` and its mixins
+(:mod:`sip_bridge.ua_session`, :mod:`sip_bridge.ua_transfer`) all need: building and
+sending responses, sending in-dialog requests, ending and forgetting calls.  It declares
+the state BridgeUA's ``__init__`` sets up and does no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from sip_bridge.config import SipConfig
+from sip_bridge.dialog import Dialog
+from sip_bridge.message import SipRequest, SipResponse, make_response, new_tag
+from sip_bridge.offer_answer import MediaConfig
+from sip_bridge.sdp import NoCommonCodec, SdpError, SessionDescription
+from sip_bridge.session_timer import SessionTimer
+from sip_bridge.timers import TimerQueue
+from sip_bridge.transaction import Event, RequestReceived, TransactionError, TransactionLayer
+from sip_bridge.transfer import Transfer
+from sip_bridge.ua_events import Address, CallEnded, UaEvent
+from sip_bridge.uas_invite import in_dialog_destination
+
+__all__ = ["ACCEPT", "ALLOW", "CALL_TIMERS", "SUPPORTED", "UaCall", "UaCore"]
+
+# NOTIFY: the reports of a transfer we started (REFER).  REFER itself is not allowed: the
+# bridge transfers callers, nobody transfers the bridge.
+ALLOW = ("INVITE", "ACK", "BYE", "CANCEL", "OPTIONS", "UPDATE", "INFO", "NOTIFY")
+SUPPORTED: tuple[str, ...] = ("timer",)  # option tags we implement (no 100rel yet)
+ACCEPT = "application/sdp, application/dtmf-relay, message/sipfrag"
+# Per-call timers, all cancelled when the call ends for the app.
+CALL_TIMERS = ("answer", "st-refresh", "st-expire", "xfer-expire", "xfer-bye")
+
+
+@dataclass(eq=False)
+class UaCall:
+    call_id: str
+    invite: SipRequest
+    invite_tx: str
+    source: Address
+    transport: str
+    dialog: Dialog
+    offer: SessionDescription | None
+    state: str = "offered"  # offered -> answered (2xx sent) -> confirmed (ACKed)
+    local_sdp: SessionDescription | None = None
+    media: MediaConfig | None = None
+    reoffer_tx: str | None = None  # re-INVITE without SDP: the ACK carries the answer
+    bye_tx: str | None = None
+    bye_after_ack: bool = False
+    txs: set[str] = field(default_factory=set)
+    timer: SessionTimer | None = None  # RFC 4028 session timer, once negotiated
+    peer_allows_update: bool = False
+    refresh_tx: str | None = None  # our pending session refresh (UPDATE or re-INVITE)
+    refresh_ack: tuple[str, SipRequest] | None = None  # re-INVITE tx and the ACK of its 2xx
+    transfer: Transfer | None = None  # our latest REFER and its subscription
+    refer_tx: str | None = None  # that REFER's client transaction, while it runs
+
+
+class UaCore:
+    """State and helpers shared by the UA's parts; BridgeUA's ``__init__`` fills them in."""
+
+    config: SipConfig
+    host: str
+    _layer: TransactionLayer
+    _timers: TimerQueue
+    _calls: dict[str, UaCall]  # live, as the app sees them
+    _ending: dict[str, UaCall]  # ended for the app, BYE still to finish
+    _by_tx: dict[str, UaCall]
+
+    def _process(self, events: list[Event], transport: str, now: float) -> list[UaEvent]:
+        raise NotImplementedError  # BridgeUA dispatches transaction events
+
+    # ------------------------------------------------------------------ responses
+    def _response(self, req: SipRequest, status: int, to_tag: str | None = None) -> SipResponse:
+        resp = make_response(req, status, to_tag=to_tag or new_tag())
+        resp.headers.add("Server", self.config.user_agent)
+        return resp
+
+    def _describe(self, resp: SipResponse) -> None:
+        """Capabilities (RFC 3261 11.2): what we allow, accept and support."""
+        resp.headers.add("Allow", ", ".join(ALLOW))
+        resp.headers.add("Accept", ACCEPT)
+        resp.headers.add("Supported", ", ".join(SUPPORTED))
+
+    def _send_response(self, tx_id: str, resp: SipResponse, now: float) -> list[UaEvent]:
+        try:
+            return self._process(self._layer.send_response(tx_id, resp, now), "", now)
+        except TransactionError:
+            return []  # the transaction is gone (timed out): nothing left to answer
+
+    def _reply(self, ev: RequestReceived, status: int, now: float, **headers: str) -> list[UaEvent]:
+        resp = self._response(ev.request, status)
+        for name, value in headers.items():
+            resp.headers.add(name.replace("_", "-"), value)
+        return self._send_response(ev.tx_id, resp, now)
+
+    def _final(
+        self, call: UaCall, status: int, now: float, warning: SdpError | None = None
+    ) -> list[UaEvent]:
+        """A non-2xx final response to the call's INVITE."""
+        resp = self._response(call.invite, status, call.dialog.local_tag)
+        if status == 503:
+            resp.headers.add("Retry-After", str(self.config.retry_after_s))
+        if isinstance(warning, NoCommonCodec):
+            resp.headers.add("Warning", warning.warning(self.host))
+        return self._send_response(call.invite_tx, resp, now)
+
+    # ------------------------------------------------------------------ our requests
+    def _send_in_dialog(
+        self, call: UaCall, req: SipRequest, now: float
+    ) -> tuple[str, list[UaEvent]]:
+        """Start a client transaction for ``req`` in the call's dialog; TransactionError or
+        ValueError when it cannot be sent."""
+        dest, transport = in_dialog_destination(call.dialog, call.source, call.transport)
+        tx_id, events = self._layer.send_request(req, dest, transport, now)
+        self._track(call, tx_id)
+        return tx_id, self._process(events, transport, now)
+
+    def _send_bye(self, call: UaCall, now: float) -> list[UaEvent]:
+        if call.bye_tx is not None:
+            return []
+        call.bye_after_ack = False
+        self._ending[call.call_id] = call
+        try:
+            call.bye_tx, out = self._send_in_dialog(call, call.dialog.create_request("BYE"), now)
+        except (TransactionError, ValueError):
+            self._forget(call)
+            return []
+        return out
+
+    def _hang(
+        self, call: UaCall, now: float, reason: str, by: Literal["local", "timeout"]
+    ) -> list[UaEvent]:
+        """End an answered call: BYE now, or once the ACK of our 2xx is in."""
+        out: list[UaEvent] = [self._end(call, reason, by, keep=True)]
+        if call.state == "answered":
+            call.bye_after_ack = True
+            return out
+        return out + self._send_bye(call, now)
+
+    # ------------------------------------------------------------------ call records
+    def _end(
+        self,
+        call: UaCall,
+        reason: str,
+        by: Literal["remote", "local", "timeout"],
+        keep: bool = False,
+    ) -> CallEnded:
+        """Remove the call from the app's view; ``keep`` it while a BYE is still to run."""
+        self._calls.pop(call.call_id, None)
+        self._timers.cancel_all(call.call_id, CALL_TIMERS)
+        if keep:
+            self._ending[call.call_id] = call
+        else:
+            self._forget(call)
+        return CallEnded(call.call_id, reason, by)
+
+    def _forget(self, call: UaCall) -> None:
+        self._calls.pop(call.call_id, None)
+        self._ending.pop(call.call_id, None)
+        for tx in call.txs:
+            if self._by_tx.get(tx) is call:
+                del self._by_tx[tx]
+
+    def _track(self, call: UaCall, tx_id: str) -> None:
+        call.txs.add(tx_id)
+        self._by_tx[tx_id] = call
