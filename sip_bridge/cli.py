@@ -26,12 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rtp-ports", metavar="LOW-HIGH", help="override rtp.ports")
     run.add_argument("--max-calls", metavar="N", type=int, help="override sip.max_calls")
     run.add_argument("-v", "--verbose", action="store_true", help="log every call")
+    status = sub.add_parser("status", help="show a running bridge's calls and registrations")
+    status.add_argument("--config", default=None, help="the bridge.toml it runs with")
+    status.add_argument("--listen", metavar="HOST:PORT", help="the --listen it runs with")
+    status.add_argument("--socket", metavar="PATH", help="its control socket (control.socket)")
+    status.add_argument("--json", action="store_true", help="print the raw JSON")
     call = sub.add_parser("call", help="place one outbound call: play a WAV, record the answer")
     call.add_argument("uri", metavar="SIP_URI", help="whom to call, e.g. sip:echo@192.0.2.1")
     call.add_argument("--play", metavar="FILE.wav", required=True, help="16-bit PCM WAV to say")
     call.add_argument("--record", metavar="OUT.wav", required=True, help="8 kHz WAV of the reply")
     call.add_argument("--duration", metavar="S", type=float, help="seconds after answer")
-    call.add_argument("--dtmf", metavar="DIGITS", default="", help="sent as SIP INFO")
+    call.add_argument("--dtmf", metavar="DIGITS", default="", help="keys to press after answer")
     call.add_argument("--rtp-ports", metavar="LOW-HIGH", default="40000-40999")
     call.add_argument("--timeout", metavar="S", type=float, default=30.0, help="ring timeout")
     call.add_argument("-v", "--verbose", action="store_true", help="log SIP and media events")
@@ -69,11 +74,13 @@ async def _serve(args: argparse.Namespace) -> int:
     config = load_config(args.config).with_overrides(
         listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports, max_calls=args.max_calls
     )
-    server = BridgeServer(config)
+    server = BridgeServer(config, control=True)
     await server.start()
     transports = "+".join(config.sip.transports)
     print(f"sip-bridge {__version__} listening on {transports} {config.sip.listen}", flush=True)
     print(f"dial {server.uri} (agent: {config.agent.name}); Ctrl-C to stop", flush=True)
+    sock = config.control.socket_path(server.port)
+    print(f"status: sip-bridge status --socket {sock}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -84,9 +91,36 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def show_status(args: argparse.Namespace) -> int:
+    """``sip-bridge status``: 0 and the bridge's state, 1 when no bridge answers."""
+    import json
+
+    from sip_bridge.config import parse_hostport
+    from sip_bridge.control import ControlError, format_status, query
+
+    path = args.socket
+    if path is None:
+        config = load_config(args.config)
+        port = parse_hostport(args.listen)[1] if args.listen else config.sip.listen_port
+        path = config.control.socket_path(port)
+    try:
+        answer = query(path)
+    except ControlError as exc:
+        print(f"sip-bridge status: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(answer, indent=2) if args.json else format_status(answer), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "status":
+        try:
+            return show_status(args)
+        except (ConfigError, ValueError) as exc:
+            print(f"sip-bridge status: {exc}", file=sys.stderr)
+            return 2
     if args.command == "call":
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
         try:
@@ -105,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("sip_bridge.registration").setLevel(logging.INFO)  # always worth a line
     try:
         return asyncio.run(_serve(args))
     except (ConfigError, TransportError) as exc:

@@ -10,19 +10,34 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from agent.base import Agent, AgentEvent, CallInfo, DtmfEvent, HangupEvent
+from agent.base import (
+    Agent,
+    AgentEvent,
+    CallInfo,
+    DtmfEvent,
+    HangupEvent,
+    TransferRequest,
+    TransferResult,
+)
 from agent.echo import EchoAgent
 from agent.playback import PlaybackAgent
 from agent.tone import ToneAgent
+from sip_bridge import __version__
+from sip_bridge.admission import InboundPolicy
 from sip_bridge.config import BridgeConfig
+from sip_bridge.control import ControlServer
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
+from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.offer_answer import NegotiatedMedia
 from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
+from sip_bridge.timers import TimerConfig
+from sip_bridge.transaction import SendMessage
 from sip_bridge.transport import (
     Received,
     SipTransport,
@@ -30,6 +45,7 @@ from sip_bridge.transport import (
     tls_client_context,
     tls_server_context,
 )
+from sip_bridge.trunk_registrations import RegistrationChanged, TrunkRegistrations
 from sip_bridge.ua import (
     BridgeUA,
     CallEnded,
@@ -38,12 +54,14 @@ from sip_bridge.ua import (
     DtmfInfo,
     MediaUpdated,
     Send,
+    TransferProgress,
     UaEvent,
 )
 
 __all__ = ["BridgeServer", "make_agent"]
 
 log = logging.getLogger(__name__)
+reg_log = logging.getLogger("sip_bridge.registration")
 
 
 def make_agent(config: BridgeConfig) -> Agent:
@@ -68,13 +86,20 @@ class _Call:
     media: CallMedia | None = None
     ended: bool = False
     limit: asyncio.TimerHandle | None = None
+    trunk: str | None = None
+    started_at: float = 0.0
+    answered_at: float | None = None
 
 
 class BridgeServer:
     """Listens, answers, runs the agent of every call; `stop()` hangs up and closes."""
 
     def __init__(
-        self, config: BridgeConfig, agent_factory: Callable[[BridgeConfig], Agent] = make_agent
+        self,
+        config: BridgeConfig,
+        agent_factory: Callable[[BridgeConfig], Agent] = make_agent,
+        *,
+        control: bool = False,
     ) -> None:
         self.config = config
         self.agent_factory = agent_factory
@@ -89,6 +114,12 @@ class BridgeServer:
         self.stats = {"offered": 0, "established": 0, "ended": 0}
         # Media statistics of the last calls that ended (CDR material; benches read it).
         self.finished: deque[MediaStats] = deque(maxlen=10_000)
+        self.policy: InboundPolicy | None = None
+        self.registrations: TrunkRegistrations | None = None
+        self._reg_timer: asyncio.TimerHandle | None = None
+        self._control: ControlServer | None = None
+        self._want_control = control  # `sip-bridge run` serves `sip-bridge status`
+        self._started_at = 0.0
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -112,15 +143,96 @@ class BridgeServer:
                     raise
                 raise TransportError(f"TLS on port {t.port}: {exc}") from None
         loop = asyncio.get_running_loop()
+        now = self._started_at = loop.time()
         tls = self.transport.tls_local
+        self.policy = InboundPolicy(
+            self.config.trunks, self.config.inbound, now, retry_after_s=sip.retry_after_s
+        )
         self.ua = BridgeUA(
             sip,
             self.transport.local[1],
             sip.advertised_host,
-            loop.time(),
+            now,
             tls_port=tls[1] if tls else None,
+            admit=self.policy,
         )
         self._schedule()
+        if self._want_control:
+            control = ControlServer(self.config.control.socket_path(self.port), self.status)
+            try:
+                await control.start()
+            except OSError as exc:
+                await self.transport.close()
+                raise TransportError(f"control socket: {exc}") from None
+            self._control = control
+        await self._start_registrations(now)
+
+    async def _start_registrations(self, now: float) -> None:
+        """Resolve each registrar (a DNS failure is retried), then keep them registered."""
+        ports = {"udp": self.port, "tcp": self.port}
+        if self.transport.tls_local:
+            ports["tls"] = self.transport.tls_local[1]
+        t = self.config.sip.timers
+        regs = TrunkRegistrations(
+            self.config.trunks,
+            self.config.sip.advertised_host,
+            ports,
+            now,
+            timers=TimerConfig(t1=t.t1, t2=t.t2, t4=t.t4),
+        )
+        if not len(regs):
+            return
+        self.registrations = regs
+        for trunk in self.config.trunks:
+            if trunk.registers:
+                self._spawn(self._resolve_registrar(trunk.name))
+
+    async def _resolve_registrar(self, trunk: str, retry_s: float = 30.0) -> None:
+        regs = self.registrations
+        assert regs is not None
+        host, port, transport = regs.target(trunk)
+        loop = asyncio.get_running_loop()
+        kind = socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM
+        while True:
+            try:
+                infos = await loop.getaddrinfo(host, port, type=kind)
+                break
+            except OSError as exc:
+                changes = regs.resolution_failed(
+                    trunk, f"cannot resolve {host}: {exc}", loop.time()
+                )
+                self._handle_registrations(changes)
+                await asyncio.sleep(retry_s)
+        addresses = [str(info[4][0]) for info in infos]
+        if self.policy is not None:
+            self.policy.set_registrar_addresses(trunk, addresses)
+        regs.set_destination(trunk, (addresses[0], port))
+        self._handle_registrations(regs.tick(loop.time()))
+
+    def _handle_registrations(self, events: Sequence[SendMessage | RegistrationChanged]) -> None:
+        for ev in events:
+            if isinstance(ev, SendMessage):
+                self.transport.send_nowait(ev.data, ev.destination, ev.transport)
+            elif ev.state in ("failed", "backoff"):
+                reg_log.warning("trunk %s: registration %s: %s", ev.trunk, ev.state, ev.error)
+            else:
+                exp = f" for {ev.expires_in:.0f} s" if ev.expires_in is not None else ""
+                reg_log.info("trunk %s: %s%s", ev.trunk, ev.state, exp)
+        regs = self.registrations
+        if regs is None:
+            return
+        if self._reg_timer is not None:
+            self._reg_timer.cancel()
+            self._reg_timer = None
+        deadline = regs.next_deadline()
+        if deadline is not None:
+            self._reg_timer = asyncio.get_running_loop().call_at(deadline, self._reg_tick)
+
+    def _reg_tick(self) -> None:
+        self._reg_timer = None
+        if self.registrations is not None:
+            now = asyncio.get_running_loop().time()
+            self._handle_registrations(self.registrations.tick(now))
 
     @property
     def port(self) -> int:
@@ -135,14 +247,24 @@ class BridgeServer:
         return f"sip:{self.config.agent.name}@{host}:{self.port}"
 
     async def stop(self, grace_s: float = 2.0) -> None:
-        """Hang up every call (BYE), give the BYEs a moment, then close everything."""
+        """Hang up every call (BYE), unregister, give both a moment, then close everything."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        regs = self.registrations
+        if regs is not None:
+            self._handle_registrations(regs.unregister_all(now))
         if self.ua is not None:
-            now = asyncio.get_running_loop().time()
             for call_id in list(self.calls):
                 self._handle(self.ua.hangup(call_id, now, "shutting down"))
-            deadline = now + grace_s
-            while self.ua.transactions and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.05)
+        deadline = now + grace_s
+        while loop.time() < deadline and (
+            (self.ua is not None and self.ua.transactions) or (regs is not None and regs.pending)
+        ):
+            await asyncio.sleep(0.05)
+        if self._reg_timer is not None:
+            self._reg_timer.cancel()
+        if self._control is not None:
+            await self._control.close()
         for t in list(self._tasks):
             t.cancel()
         for call in list(self.calls.values()):
@@ -158,6 +280,15 @@ class BridgeServer:
         if ua is None:
             return
         now = asyncio.get_running_loop().time()
+        regs = self.registrations
+        if regs is not None and r.data is not None and r.data.startswith(b"SIP/2.0 "):
+            try:
+                r = Received(r.transport, r.source, message=parse_message(r.data))
+            except ValueError:
+                return  # a malformed response: nothing to answer
+        if regs is not None and isinstance(r.message, SipResponse) and regs.owns(r.message):
+            self._handle_registrations(regs.receive(r.message, r.source, r.transport, now))
+            return
         if r.data is not None:
             events = ua.receive_bytes(r.data, r.source, r.transport, now)
         elif r.message is not None:
@@ -206,6 +337,16 @@ class BridgeServer:
                     call.media.agent.on_event(DtmfEvent(ev.digit))
             elif isinstance(ev, MediaUpdated):
                 self._media_updated(ev.call_id, ev.media)
+            elif isinstance(ev, TransferProgress):
+                log.info(
+                    "call %s: transfer to %s %s (%s)", ev.call_id, ev.target, ev.outcome, ev.reason
+                )
+                call = self.calls.get(ev.call_id)
+                if ev.final and call is not None and call.media is not None:
+                    result = TransferResult(ev.target, "failed", ev.status, ev.reason)
+                    if ev.outcome == "succeeded":
+                        result = TransferResult(ev.target, "succeeded", ev.status, ev.reason)
+                    call.media.agent.on_event(result)
         self._schedule()
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
@@ -225,7 +366,9 @@ class BridgeServer:
         assert ua is not None
         loop = asyncio.get_running_loop()
         info = CallInfo(ev.call_id, caller=ev.from_uri, callee=ev.request_uri)
-        call = _Call(ev.call_id, info)
+        call = _Call(ev.call_id, info, trunk=ev.trunk, started_at=loop.time())
+        if ev.trunk:
+            log.info("call %s from %s on trunk %s", ev.call_id, ev.source, ev.trunk)
         self.calls[ev.call_id] = call
         try:
             call.lease = await reserve_rtp_port(self.pool, self.media_host)
@@ -265,6 +408,7 @@ class BridgeServer:
             lease=call.lease,
         )
         call.media = media
+        call.answered_at = loop.time()
         await media.start()
         if call.ended:  # hung up while the media was starting: _teardown saw no media yet
             await media.close("ended during setup")
@@ -307,6 +451,10 @@ class BridgeServer:
     def _agent_event(self, call_id: str, event: AgentEvent) -> None:
         if isinstance(event, HangupEvent):
             self._hangup(call_id, event.reason or "agent hung up")
+        elif isinstance(event, TransferRequest) and self.ua is not None:
+            log.info("call %s: the agent asks for a transfer to %s", call_id, event.target)
+            now = asyncio.get_running_loop().time()
+            self._handle(self.ua.transfer(call_id, event.target, now))
 
     def _hangup(self, call_id: str, reason: str) -> None:
         if self.ua is not None:
@@ -324,3 +472,48 @@ class BridgeServer:
             self.finished.append(call.media.stats)
         elif call.lease is not None and not call.lease.transport.is_closing():
             await call.lease.aclose()
+
+    # -- status (``sip-bridge status``) --------------------------------------------------------
+
+    def status(self) -> dict[str, Any]:
+        """What an operator asks a running bridge: calls, registrations, counters."""
+        now = asyncio.get_running_loop().time()
+        calls = []
+        for c in self.calls.values():
+            entry: dict[str, Any] = {
+                "call_id": c.call_id,
+                "caller": c.info.caller,
+                "callee": c.info.callee,
+                "trunk": c.trunk,
+                "state": "answered" if c.media is not None else "setting up",
+                "duration_s": round(now - (c.answered_at or c.started_at), 1),
+            }
+            if c.media is not None:
+                st = c.media.stats
+                jb = st.jitter
+                expected = jb.received + jb.lost
+                entry.update(
+                    codec=c.info.codec,
+                    remote=f"{st.remote[0]}:{st.remote[1]}",
+                    packets_in=st.packets_in,
+                    packets_out=st.packets_out,
+                    jitter_delay_ms=round(jb.current_delay_ms, 1),
+                    jitter_ms=round(jb.jitter_ms, 1),
+                    loss_pct=round(100.0 * jb.lost / expected, 2) if expected else 0.0,
+                    sending=st.sending,
+                    receiving=st.receiving,
+                )
+            calls.append(entry)
+        regs = self.registrations
+        sip = self.config.sip
+        return {
+            "version": __version__,
+            "uptime_s": round(now - self._started_at, 1),
+            "listen": f"{'+'.join(sip.transports)} {sip.listen_host}:{self.port}",
+            "agent": self.config.agent.name,
+            "limits": {"max_calls": sip.max_calls},
+            "counters": {**self.stats, "active": len(self.calls)},
+            "admission": dict(self.policy.counts) if self.policy is not None else {},
+            "registrations": regs.status(now) if regs is not None else [],
+            "calls": calls,
+        }
