@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import socket
 from collections import deque
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,9 +34,9 @@ from sip_bridge.control import ControlServer
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
 from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.offer_answer import NegotiatedMedia
+from sip_bridge.registrar_link import RegistrarLink
 from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
 from sip_bridge.timers import TimerConfig
-from sip_bridge.transaction import SendMessage
 from sip_bridge.transport import (
     Received,
     SipTransport,
@@ -45,7 +44,7 @@ from sip_bridge.transport import (
     tls_client_context,
     tls_server_context,
 )
-from sip_bridge.trunk_registrations import RegistrationChanged, TrunkRegistrations
+from sip_bridge.trunk_registrations import TrunkRegistrations
 from sip_bridge.ua import (
     BridgeUA,
     CallEnded,
@@ -61,7 +60,6 @@ from sip_bridge.ua import (
 __all__ = ["BridgeServer", "make_agent"]
 
 log = logging.getLogger(__name__)
-reg_log = logging.getLogger("sip_bridge.registration")
 
 
 def make_agent(config: BridgeConfig) -> Agent:
@@ -115,8 +113,7 @@ class BridgeServer:
         # Media statistics of the last calls that ended (CDR material; benches read it).
         self.finished: deque[MediaStats] = deque(maxlen=10_000)
         self.policy: InboundPolicy | None = None
-        self.registrations: TrunkRegistrations | None = None
-        self._reg_timer: asyncio.TimerHandle | None = None
+        self.registrations: RegistrarLink | None = None
         self._control: ControlServer | None = None
         self._want_control = control  # `sip-bridge run` serves `sip-bridge status`
         self._started_at = 0.0
@@ -168,7 +165,6 @@ class BridgeServer:
         await self._start_registrations(now)
 
     async def _start_registrations(self, now: float) -> None:
-        """Resolve each registrar (a DNS failure is retried), then keep them registered."""
         ports = {"udp": self.port, "tcp": self.port}
         if self.transport.tls_local:
             ports["tls"] = self.transport.tls_local[1]
@@ -182,57 +178,13 @@ class BridgeServer:
         )
         if not len(regs):
             return
-        self.registrations = regs
-        for trunk in self.config.trunks:
-            if trunk.registers:
-                self._spawn(self._resolve_registrar(trunk.name))
-
-    async def _resolve_registrar(self, trunk: str, retry_s: float = 30.0) -> None:
-        regs = self.registrations
-        assert regs is not None
-        host, port, transport = regs.target(trunk)
-        loop = asyncio.get_running_loop()
-        kind = socket.SOCK_DGRAM if transport == "udp" else socket.SOCK_STREAM
-        while True:
-            try:
-                infos = await loop.getaddrinfo(host, port, type=kind)
-                break
-            except OSError as exc:
-                changes = regs.resolution_failed(
-                    trunk, f"cannot resolve {host}: {exc}", loop.time()
-                )
-                self._handle_registrations(changes)
-                await asyncio.sleep(retry_s)
-        addresses = [str(info[4][0]) for info in infos]
-        if self.policy is not None:
-            self.policy.set_registrar_addresses(trunk, addresses)
-        regs.set_destination(trunk, (addresses[0], port))
-        self._handle_registrations(regs.tick(loop.time()))
-
-    def _handle_registrations(self, events: Sequence[SendMessage | RegistrationChanged]) -> None:
-        for ev in events:
-            if isinstance(ev, SendMessage):
-                self.transport.send_nowait(ev.data, ev.destination, ev.transport)
-            elif ev.state in ("failed", "backoff"):
-                reg_log.warning("trunk %s: registration %s: %s", ev.trunk, ev.state, ev.error)
-            else:
-                exp = f" for {ev.expires_in:.0f} s" if ev.expires_in is not None else ""
-                reg_log.info("trunk %s: %s%s", ev.trunk, ev.state, exp)
-        regs = self.registrations
-        if regs is None:
-            return
-        if self._reg_timer is not None:
-            self._reg_timer.cancel()
-            self._reg_timer = None
-        deadline = regs.next_deadline()
-        if deadline is not None:
-            self._reg_timer = asyncio.get_running_loop().call_at(deadline, self._reg_tick)
-
-    def _reg_tick(self) -> None:
-        self._reg_timer = None
-        if self.registrations is not None:
-            now = asyncio.get_running_loop().time()
-            self._handle_registrations(self.registrations.tick(now))
+        policy = self.policy
+        self.registrations = RegistrarLink(
+            regs,
+            self.transport.send_nowait,
+            policy.set_registrar_addresses if policy is not None else None,
+        )
+        self.registrations.start([t.name for t in self.config.trunks if t.registers])
 
     @property
     def port(self) -> int:
@@ -250,19 +202,17 @@ class BridgeServer:
         """Hang up every call (BYE), unregister, give both a moment, then close everything."""
         loop = asyncio.get_running_loop()
         now = loop.time()
-        regs = self.registrations
-        if regs is not None:
-            self._handle_registrations(regs.unregister_all(now))
+        deadline = now + grace_s
+        unregistered = None
+        if self.registrations is not None:
+            unregistered = loop.create_task(self.registrations.stop(deadline))
         if self.ua is not None:
             for call_id in list(self.calls):
                 self._handle(self.ua.hangup(call_id, now, "shutting down"))
-        deadline = now + grace_s
-        while loop.time() < deadline and (
-            (self.ua is not None and self.ua.transactions) or (regs is not None and regs.pending)
-        ):
+        while self.ua is not None and self.ua.transactions and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self._reg_timer is not None:
-            self._reg_timer.cancel()
+        if unregistered is not None:
+            await unregistered
         if self._control is not None:
             await self._control.close()
         for t in list(self._tasks):
@@ -286,8 +236,8 @@ class BridgeServer:
                 r = Received(r.transport, r.source, message=parse_message(r.data))
             except ValueError:
                 return  # a malformed response: nothing to answer
-        if regs is not None and isinstance(r.message, SipResponse) and regs.owns(r.message):
-            self._handle_registrations(regs.receive(r.message, r.source, r.transport, now))
+        if regs is not None and isinstance(r.message, SipResponse) and regs.regs.owns(r.message):
+            regs.receive(r.message, r.source, r.transport)
             return
         if r.data is not None:
             events = ua.receive_bytes(r.data, r.source, r.transport, now)
@@ -514,6 +464,6 @@ class BridgeServer:
             "limits": {"max_calls": sip.max_calls},
             "counters": {**self.stats, "active": len(self.calls)},
             "admission": dict(self.policy.counts) if self.policy is not None else {},
-            "registrations": regs.status(now) if regs is not None else [],
+            "registrations": regs.regs.status(now) if regs is not None else [],
             "calls": calls,
         }
