@@ -1,9 +1,9 @@
 """Inbound source filtering: which peers may talk to the bridge, and how fast.
 
-A bridge on a public address is probed by SIP scanners within minutes. The ACL drops
-anything not from a configured trunk or PBX before it is parsed; the rate limiter caps what
-any one source can make the transaction layer do. Both are pure: addresses and an explicit
-clock in, a yes/no out.
+A bridge on a public address is probed by SIP scanners within minutes. The ACL tells a
+configured trunk's or PBX's addresses from the rest; the rate limiter caps what any one
+source can make the bridge do. Both are pure: addresses and an explicit clock in, a yes/no
+out. :mod:`sip_bridge.admission` applies them to new INVITEs.
 """
 
 from __future__ import annotations
