@@ -8,13 +8,13 @@ the ACK for a 2xx is ours (13.2.2.4), built once from the dialog and sent again 
 retransmitted 2xx the layer surfaces until Timer M.  A call not answered within
 ``answer_timeout_s`` is CANCELled; the peer's 487 then ends it as :class:`CallFailed`.
 Digest authentication (401/407) is not attempted: such a final is reported as failure.
+Session timers (RFC 4028) and the peer's re-INVITE/UPDATE live in :mod:`sip_bridge.uac_session`:
+the INVITE asks for ``session_expires`` seconds and retries once after a 422.
 """
 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass
-from enum import StrEnum
 
 from sip_bridge.dialog import Dialog, DialogError
 from sip_bridge.message import (
@@ -31,7 +31,10 @@ from sip_bridge.message import (
 )
 from sip_bridge.offer_answer import MediaConfig, NegotiatedMedia, accept_answer, make_offer
 from sip_bridge.sdp import SdpError, parse_sdp
+from sip_bridge.session_timer import DEFAULT_MIN_SE
 from sip_bridge.transaction import (
+    AckReceived,
+    AckTimeout,
     Event,
     RequestReceived,
     ResponseReceived,
@@ -40,12 +43,23 @@ from sip_bridge.transaction import (
     TransactionLayer,
     TransactionTimeout,
 )
+from sip_bridge.uac_events import (
+    CallAnswered,
+    CallEnded,
+    CallFailed,
+    CallProgress,
+    MediaChanged,
+    UacEvent,
+    UacState,
+)
+from sip_bridge.uac_session import ALLOW, UacSession, sends, timer_from_2xx
 
 __all__ = [
     "CallAnswered",
     "CallEnded",
     "CallFailed",
     "CallProgress",
+    "MediaChanged",
     "OutboundCall",
     "UacEvent",
     "UacState",
@@ -54,54 +68,12 @@ __all__ = [
 Address = tuple[str, int]
 
 
-@dataclass(frozen=True, slots=True)
-class CallProgress:
-    """A provisional response (180 Ringing, 183 Session Progress...)."""
-
-    status: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallAnswered:
-    """The 2xx arrived, its SDP answer is acceptable and the ACK is on its way."""
-
-    media: NegotiatedMedia
-    response: SipResponse
-
-
-@dataclass(frozen=True, slots=True)
-class CallFailed:
-    """The call never got established; ``status`` is the final SIP status (408: timeout)."""
-
-    status: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class CallEnded:
-    """An established call is over (our BYE answered, or the peer's BYE)."""
-
-    reason: str
-
-
-UacEvent = SendMessage | CallProgress | CallAnswered | CallFailed | CallEnded
-
-
-class UacState(StrEnum):
-    IDLE = "idle"
-    CALLING = "calling"  # INVITE sent, no final response
-    CANCELLING = "cancelling"  # CANCEL sent or queued, waiting for the INVITE's final
-    CONFIRMED = "confirmed"  # 2xx ACKed: media flows
-    TERMINATING = "terminating"  # our BYE sent
-    ENDED = "ended"
-
-
-class OutboundCall:
+class OutboundCall(UacSession):
     """INVITE ``target`` from ``local`` (our SIP host:port) and follow the call to its end.
 
     ``destination`` is where requests go (an IP address: resolving names is the runner's
-    job).  ``layer`` may be shared; by default the call owns one.
+    job).  ``layer`` may be shared; by default the call owns one.  ``session_expires``
+    is the session interval our INVITE asks for (RFC 4028; 0: none), ``min_se`` our floor.
     """
 
     def __init__(
@@ -115,6 +87,8 @@ class OutboundCall:
         user: str = "sip-bridge",
         answer_timeout_s: float = 60.0,
         layer: TransactionLayer | None = None,
+        session_expires: int = 1800,
+        min_se: int = DEFAULT_MIN_SE,
     ) -> None:
         self.target = target
         self.local = local
@@ -123,7 +97,11 @@ class OutboundCall:
         self.user = user
         self.answer_timeout_s = answer_timeout_s
         self.layer = layer or TransactionLayer()
+        self.media_config = media
         self.offer = make_offer(media, secrets.randbelow(2**31))
+        self.local_sdp = self.offer
+        self.session_expires = session_expires
+        self._init_session(min_se)
         self.state = UacState.IDLE
         self.dialog: Dialog | None = None
         self.invite: SipRequest | None = None
@@ -133,6 +111,8 @@ class OutboundCall:
         self._bye_tx: str | None = None
         self._ack: bytes | None = None
         self._cancel_at: float | None = None
+        self._end_reason: str | None = None
+        self._retried_422 = False
 
     @property
     def sent_by(self) -> str:
@@ -144,24 +124,48 @@ class OutboundCall:
         """Send the INVITE with our offer."""
         if self.state is not UacState.IDLE:
             raise RuntimeError("call already started")
+        from_ = f"<sip:{self.user}@{self.sent_by}>;tag={new_tag()}"
+        call_id = f"{secrets.token_hex(12)}@{self.local[0]}"
+        events = self._send_invite(from_, call_id, secrets.randbelow(2**16) + 1, now)
+        self.state = UacState.CALLING
+        self._cancel_at = now + self.answer_timeout_s
+        return events
+
+    def _send_invite(self, from_: str, call_id: str, cseq: int, now: float) -> list[UacEvent]:
+        """The (initial or 422-retried) INVITE; it asks for a session timer (RFC 4028 7.1)."""
         host, port = self.local
         headers = Headers()
         via = Via(self.transport.upper(), host, port, {"branch": new_branch(), "rport": None})
         headers.add("Via", via.to_str())
         headers.add("Max-Forwards", "70")
-        headers.add("From", f"<sip:{self.user}@{self.sent_by}>;tag={new_tag()}")
+        headers.add("From", from_)
         headers.add("To", f"<{self.target}>")
-        headers.add("Call-ID", f"{secrets.token_hex(12)}@{host}")
-        headers.add("CSeq", f"{secrets.randbelow(2**16) + 1} INVITE")
+        headers.add("Call-ID", call_id)
+        headers.add("CSeq", f"{cseq} INVITE")
         headers.add("Contact", f"<sip:{self.user}@{self.sent_by}>")
+        headers.add("Allow", ALLOW)
+        headers.add("Supported", "timer")
+        if self.session_expires > 0:
+            headers.add("Session-Expires", str(self.session_expires))
+            headers.add("Min-SE", str(self.min_se))
         headers.add("Content-Type", "application/sdp")
         self.invite = SipRequest("INVITE", self.target, headers, self.offer.to_bytes())
         self._invite_tx, events = self.layer.send_request(
             self.invite, self.destination, self.transport, now
         )
-        self.state = UacState.CALLING
-        self._cancel_at = now + self.answer_timeout_s
-        return _sends(events)
+        return sends(events)
+
+    def _retry_422(self, resp: SipResponse, now: float) -> list[UacEvent] | None:
+        """422 Session Interval Too Small: once more with their Min-SE (RFC 4028 7.4)."""
+        value = (resp.headers.get("Min-SE") or "").split(";")[0].strip()
+        invite = self.invite
+        if self._retried_422 or not value.isdigit() or invite is None or self.session_expires <= 0:
+            return None
+        self._retried_422 = True
+        self.session_expires = max(self.session_expires, int(value))
+        self.min_se = max(self.min_se, int(value))
+        from_ = invite.headers.get("From") or ""
+        return self._send_invite(from_, invite.call_id, invite.cseq[0] + 1, now)
 
     def hangup(self, now: float) -> list[UacEvent]:
         """CANCEL an unanswered call, BYE an answered one; a no-op once it is ending."""
@@ -180,7 +184,7 @@ class OutboundCall:
         body = f"Signal={digit.upper()}\r\nDuration={duration_ms}\r\n".encode()
         req = self.dialog.create_request("INFO", body, "application/dtmf-relay")
         _, events = self.layer.send_request(req, self._hop(), self.transport, now)
-        return _sends(events)
+        return sends(events)
 
     # ------------------------------------------------------------------ input
     def receive(self, data: bytes, source: Address, now: float) -> list[UacEvent]:
@@ -198,12 +202,14 @@ class OutboundCall:
     def next_deadline(self) -> float | None:
         """When :meth:`tick` must next run (transaction timers and the answer timeout)."""
         times = [t for t in (self.layer.next_deadline(), self._cancel_at) if t is not None]
+        times += self._session_deadlines()
         return min(times) if times else None
 
     def tick(self, now: float) -> list[UacEvent]:
         events: list[UacEvent] = []
         if self._cancel_at is not None and now >= self._cancel_at:
             events += self._cancel(now)
+        events += self._session_tick(now)
         return events + self._handle(self.layer.tick(now), now)
 
     # ------------------------------------------------------------------ internals
@@ -218,14 +224,19 @@ class OutboundCall:
             return []
         self.state = UacState.CANCELLING
         _, events = self.layer.cancel(self._invite_tx, now)
-        return _sends(events)
+        return sends(events)
 
-    def _bye(self, now: float) -> list[UacEvent]:
+    def _bye(self, now: float, reason: str | None = None) -> list[UacEvent]:
+        """BYE the dialog; ``reason`` is what :class:`CallEnded` reports once it is answered."""
         assert self.dialog is not None
+        if self.state is UacState.TERMINATING or self.state is UacState.ENDED:
+            return []
+        self._end_reason = reason
+        self._stop_timer()
         bye = self.dialog.create_request("BYE")
         self._bye_tx, events = self.layer.send_request(bye, self._hop(), self.transport, now)
         self.state = UacState.TERMINATING
-        return _sends(events)
+        return sends(events)
 
     def _handle(self, layer_events: list[Event], now: float) -> list[UacEvent]:
         out: list[UacEvent] = []
@@ -239,18 +250,28 @@ class OutboundCall:
             elif isinstance(ev, StrayResponse):
                 out += self._reack(ev.response)
             elif isinstance(ev, TransactionTimeout):
-                out += self._on_timeout(ev)
+                out += self._on_timeout(ev, now)
+            elif isinstance(ev, AckReceived):
+                out += self._on_ack(ev, now)
+            elif isinstance(ev, AckTimeout):
+                out += self._on_ack_timeout(ev, now)
         return out
 
     def _on_response(self, ev: ResponseReceived, now: float) -> list[UacEvent]:
         resp = ev.response
         if ev.tx_id == self._bye_tx and resp.status >= 200:
             self.state = UacState.ENDED
-            return [CallEnded(f"BYE answered {resp.status}")]
+            return [CallEnded(self._end_reason or f"BYE answered {resp.status}")]
+        if self._is_refresh_tx(ev.tx_id):
+            return self._on_refresh_response(ev, now)
         if ev.tx_id != self._invite_tx:
             return []  # INFO and CANCEL answers: nothing to do
         if resp.status < 200:
             return [CallProgress(resp.status, resp.reason)] if resp.status > 100 else []
+        if resp.status == 422 and self.state is UacState.CALLING:
+            retry = self._retry_422(resp, now)
+            if retry is not None:
+                return retry
         if resp.status >= 300:
             self.state = UacState.ENDED
             self._cancel_at = None
@@ -281,6 +302,8 @@ class OutboundCall:
             events += self._bye(now)
             return [*events, CallFailed(488 if "SDP" in failure else 487, failure)]
         self.state = UacState.CONFIRMED
+        self.peer_allows_update = "UPDATE" in (m.upper() for m in resp.headers.get_all("Allow"))
+        self._start_timer(timer_from_2xx(resp), now)
         assert self.media is not None
         return [*events, CallAnswered(self.media, resp)]
 
@@ -298,33 +321,32 @@ class OutboundCall:
         except ValueError:
             return []
         same = resp.call_id == self.dialog.call_id and to_tag == self.dialog.remote_tag
-        return [self._send_ack()] if same and resp.cseq[1] == "INVITE" else []
+        ours = self.invite is not None and resp.cseq == self.invite.cseq
+        return [self._send_ack()] if same and ours else []
 
     def _on_request(self, ev: RequestReceived, now: float) -> list[UacEvent]:
         req = ev.request
         dialog = self.dialog
         if dialog is None or not dialog.matches(req) or req.method == "CANCEL":
-            return _sends(self.layer.send_response(ev.tx_id, make_response(req, 481), now))
+            return sends(self.layer.send_response(ev.tx_id, make_response(req, 481), now))
         if not dialog.accept_remote_cseq(req):
-            return _sends(self.layer.send_response(ev.tx_id, make_response(req, 500), now))
+            return sends(self.layer.send_response(ev.tx_id, make_response(req, 500), now))
         if req.method == "BYE":
-            events = _sends(self.layer.send_response(ev.tx_id, make_response(req, 200), now))
+            events = sends(self.layer.send_response(ev.tx_id, make_response(req, 200), now))
             ended = self.state is not UacState.ENDED
             self.state = UacState.ENDED
+            self._stop_timer()
             return [*events, CallEnded("remote hung up")] if ended else events
+        if req.method in ("INVITE", "UPDATE"):
+            return self._on_peer_refresh(ev, now)
         status = 200 if req.method in ("INFO", "OPTIONS") else 501
-        return _sends(self.layer.send_response(ev.tx_id, make_response(req, status), now))
+        return sends(self.layer.send_response(ev.tx_id, make_response(req, status), now))
 
-    def _on_timeout(self, ev: TransactionTimeout) -> list[UacEvent]:
+    def _on_timeout(self, ev: TransactionTimeout, now: float) -> list[UacEvent]:
         if ev.tx_id == self._invite_tx and self.state in (UacState.CALLING, UacState.CANCELLING):
             self.state = UacState.ENDED
             return [CallFailed(408, f"no final response (Timer {ev.timer})")]
         if ev.tx_id == self._bye_tx and self.state is UacState.TERMINATING:
             self.state = UacState.ENDED
-            return [CallEnded("BYE timed out")]
-        return []
-
-
-def _sends(events: list[Event]) -> list[UacEvent]:
-    """The datagrams among the layer's events (the only kind a send can produce)."""
-    return [e for e in events if isinstance(e, SendMessage)]
+            return [CallEnded(self._end_reason or "BYE timed out")]
+        return self._on_refresh_timeout(ev, now)
