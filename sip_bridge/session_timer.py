@@ -16,6 +16,7 @@ __all__ = [
     "DEFAULT_MIN_SE",
     "IntervalTooSmall",
     "SessionTimer",
+    "flip",
     "negotiate",
     "parse_session_expires",
     "supports_timer",
@@ -23,6 +24,14 @@ __all__ = [
 
 DEFAULT_MIN_SE = 90  # RFC 4028 4: the smallest Min-SE anyone may require
 Refresher = Literal["uac", "uas"]
+
+
+def flip(refresher: Refresher) -> Refresher:
+    """The same party named from the other side of a transaction (uac <-> uas).
+
+    ``refresher`` in Session-Expires names a role *in that transaction*: when the original
+    callee sends the refresh, it is the transaction's "uac"."""
+    return "uas" if refresher == "uac" else "uac"
 
 
 class IntervalTooSmall(ValueError):

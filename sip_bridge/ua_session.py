@@ -15,6 +15,7 @@ from sip_bridge.sdp import NoCommonCodec, SdpError
 from sip_bridge.session_timer import (
     IntervalTooSmall,
     SessionTimer,
+    flip,
     negotiate,
     parse_session_expires,
 )
@@ -136,7 +137,8 @@ class SessionMixin(UaCore):
             else:
                 req = call.dialog.create_request("INVITE", sdp.to_bytes())
                 req.headers.add("Allow", ", ".join(ALLOW))
-            req.headers.add("Session-Expires", f"{timer.interval};refresher=uas")
+            # we refresh, and in this transaction we are the UAC (RFC 4028 7.4)
+            req.headers.add("Session-Expires", f"{timer.interval};refresher=uac")
             req.headers.add("Min-SE", str(self.min_se))
             req.headers.add("Supported", ", ".join(SUPPORTED))
             tx_id, out = self._send_in_dialog(call, req, now)
@@ -155,7 +157,10 @@ class SessionMixin(UaCore):
         if timer is not None and value:
             try:
                 interval, refresher = parse_session_expires(value)
-                call.timer = SessionTimer(interval, refresher or "uas", timer.require)
+                # the answer names roles of our refresh transaction: its "uac" is us, the
+                # original dialog's "uas"
+                ours = flip(refresher) if refresher is not None else "uas"
+                call.timer = SessionTimer(interval, ours, timer.require)
             except ValueError:
                 pass  # keep what we asked for
         if call.call_id in self._calls:

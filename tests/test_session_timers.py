@@ -213,10 +213,11 @@ def test_refresher_uas_sends_update_at_half_and_its_200_keeps_the_call() -> None
     assert ok.headers.get("Session-Expires") == "120;refresher=uas"
     assert not run_until(ua, 59.99)
     [update] = requests(run_until(ua, 60.0), "UPDATE")
-    assert update.headers.get("Session-Expires") == "120;refresher=uas"
+    # the refresher named in our own request's terms: its UAC, us (RFC 4028 7.4)
+    assert update.headers.get("Session-Expires") == "120;refresher=uac"
     assert "timer" in update.headers.get_all("Supported") and not update.body
     assert update.headers.get("To") == ok.headers.get("From")  # inside the dialog
-    reply(update, 200, 60.05, ua, "Session-Expires: 120;refresher=uas")
+    reply(update, 200, 60.05, ua, "Session-Expires: 120;refresher=uac")  # still us
     assert not requests(run_until(ua, 120.0), "BYE")
     [again] = requests(run_until(ua, 120.05), "UPDATE")  # 60.05 + 60
     assert again.cseq[0] == update.cseq[0] + 1
@@ -231,10 +232,10 @@ def test_refresher_uas_without_update_uses_reinvite_and_acks_its_200() -> None:
     ok = established(ua, invite("Session-Expires: 90;refresher=uas\r\n" + TIMER, allow))
     [reinvite] = requests(run_until(ua, 45.0), "INVITE")
     assert reinvite.body == ok.body  # our current SDP, unchanged
-    assert reinvite.headers.get("Session-Expires") == "90;refresher=uas"
+    assert reinvite.headers.get("Session-Expires") == "90;refresher=uac"
     glare = in_dialog("INVITE", ok, 2, TIMER, SDP)  # the caller re-INVITEs at the same time
     assert responses(ua.receive_bytes(glare, CALLER, "udp", 45.05), 491)
-    events = reply(reinvite, 200, 45.1, ua, "Session-Expires: 90;refresher=uas")
+    events = reply(reinvite, 200, 45.1, ua, "Session-Expires: 90;refresher=uac")
     [ack] = requests(events, "ACK")
     assert ack.cseq == (reinvite.cseq[0], "ACK") and not ack.body
     assert ack.top_via.branch != reinvite.top_via.branch
@@ -242,6 +243,17 @@ def test_refresher_uas_without_update_uses_reinvite_and_acks_its_200() -> None:
     assert ack2.cseq == ack.cseq
     assert requests(run_until(ua, 90.1), "INVITE")  # the next refresh, 45 s after the 200
     assert ua.active_calls == 1
+
+
+def test_a_peer_that_takes_over_refreshing_stops_our_updates() -> None:
+    ua = BridgeUA(CONFIG, 5060, BRIDGE_IP, 0.0)
+    established(ua, invite("Session-Expires: 90;refresher=uas\r\n" + TIMER))
+    [update] = requests(run_until(ua, 45.0), "UPDATE")
+    # refresher=uas of our UPDATE: the peer will refresh from now on
+    reply(update, 200, 45.1, ua, "Session-Expires: 90;refresher=uas")
+    events = run_until(ua, 45.1 + 57.9)
+    assert not requests(events, "UPDATE") and not ended(events)
+    assert bye_at(ua, 103.0, 200.0) == 45.1 + 60.0  # unrefreshed by the peer: SE - SE/3
 
 
 def test_refresh_answered_481_ends_the_call() -> None:
@@ -267,7 +279,7 @@ def test_caller_without_timer_support_makes_us_the_refresher() -> None:
     reply(update, 200, 45.1, ua)  # no Session-Expires in the 200: keep ours
     assert not ended(run_until(ua, 90.0))
     [again] = requests(run_until(ua, 90.1), "UPDATE")
-    assert again.headers.get("Session-Expires") == "90;refresher=uas"
+    assert again.headers.get("Session-Expires") == "90;refresher=uac"
     # Unanswered: the transaction times out (64*T1) and we hang up (RFC 4028 10).
     [gone] = ended(run_until(ua, 91.0))
     assert (gone.by, gone.reason) == ("timeout", "session refresh failed")
