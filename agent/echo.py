@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.base import Agent, AgentEvent, AgentOutput, CallInfo
+from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent
 
 __all__ = ["EchoAgent"]
 
@@ -17,7 +17,8 @@ class EchoAgent(Agent):
     each frame heard releases a frame of the same length from ``delay`` samples ago, so
     the echo is sample-accurate and stays in step with the caller's clock. The bridge feeds
     one frame per tick even in silence, which is what makes samples a clock. Events are
-    kept in :attr:`events` (handy in tests).
+    kept in :attr:`events` (handy in tests). Every key the caller presses is pressed back
+    (``output.send_dtmf``): a line check covers the keys too.
     """
 
     name = "echo"
@@ -31,6 +32,7 @@ class EchoAgent(Agent):
         self.delay_s = delay_s
         self.delay_samples = round(delay_s * sample_rate)
         self._line: NDArray[np.int16] = np.zeros(self.delay_samples, dtype=np.int16)
+        self._pos = 0  # the ring's oldest sample
         self._output: AgentOutput | None = None
         self.call: CallInfo | None = None
         self.events: list[AgentEvent] = []
@@ -46,13 +48,22 @@ class EchoAgent(Agent):
             raise ValueError("pcm must be a 1-D int16 array")
         n = a.size
         self.heard_samples += n
-        line = np.concatenate((self._line, a))
-        out, self._line = line[:n], line[n:]
+        d = self.delay_samples
+        if n > d - self._pos or not n:  # wraps (or longer than the line): the general way
+            line = np.concatenate((self._line[self._pos :], self._line[: self._pos], a))
+            out, self._line, self._pos = line[:n], line[n:], 0
+        else:  # a frame in place: the line is a ring, no copy of the whole delay per frame
+            p = self._pos
+            out = self._line[p : p + n].copy()
+            self._line[p : p + n] = a
+            self._pos = p + n if p + n < d else 0
         if self._output is not None and n:
             self._output.write(out)
 
     def on_event(self, event: AgentEvent) -> None:
         self.events.append(event)
+        if isinstance(event, DtmfEvent) and self._output is not None:
+            self._output.send_dtmf(event.digit)
 
     async def stop(self) -> None:
         self._output = None

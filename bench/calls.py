@@ -15,6 +15,7 @@ Prints one JSON object; writes bench/out/calls.png and bench/out/calls.json.
 Machines are shared: the load average at the start is in the JSON.
 
     .venv/bin/python bench/calls.py [--calls 200] [--duration 20] [--rate 20] [--quick]
+        [--workers 2]   # N bridge processes side by side (as behind a dispatcher), merged
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import time
 from dataclasses import replace
@@ -74,6 +76,18 @@ def _machine_busy_s() -> float:
     return (sum(fields) - fields[3] - fields[4]) / TICKS
 
 
+def _proc_cpu_s(pid: int | None) -> float:
+    """CPU-seconds (user + system) a process has used, from /proc (0 when gone)."""
+    if pid is None:
+        return 0.0
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def write_tone(path: Path, seconds: float = 4.0) -> None:
     """A 440 Hz + 1 kHz tone as raw mu-law; speech-level, so the echo path does real work."""
     t = np.arange(int(8000 * seconds)) / 8000
@@ -101,37 +115,60 @@ def parse_sipp_counts(text: str) -> tuple[int | None, int | None]:
     return (int(ok[-1]) if ok else None, int(failed[-1]) if failed else None)
 
 
-def media_figures(stats: list[MediaStats]) -> dict[str, Any]:
-    """Pacing and jitter-buffer figures over all finished calls."""
-    if not stats:
-        return {"pacing_jitter_ms": None, "late_or_missing_frames_pct": None}
-    p50 = np.array([s.pacing_jitter_p50_ms for s in stats])
-    p99 = np.array([s.pacing_jitter_p99_ms for s in stats])
-    sent = sum(s.packets_out for s in stats)
-    bad = sum(s.pacer_late_frames + s.pacer_skipped_frames for s in stats)
-    rx = sum(s.jitter.received for s in stats)
-    rx_late = sum(s.jitter.late for s in stats)
-    rx_lost = sum(s.jitter.lost for s in stats)
-    concealed = sum(s.jitter.concealed for s in stats)
+def call_row(s: MediaStats) -> dict[str, float]:
+    """The figures of one finished call that the summary needs (plain, for --workers)."""
     return {
-        "pacing_jitter_ms": {
-            "p50": round(float(np.median(p50)), 3),
-            "p99": round(float(np.percentile(p99, 99)), 3),
-            "max": round(float(max(s.pacing_jitter_max_ms for s in stats)), 3),
-        },
-        "late_or_missing_frames_pct": round(100 * bad / max(1, sent), 4),
-        "frames_sent": sent,
-        "packets_in": sum(s.packets_in for s in stats),
-        "rx_late_pct": round(100 * rx_late / max(1, rx), 4),
-        "rx_lost_pct": round(100 * rx_lost / max(1, rx + rx_lost), 4),
-        "rx_concealed_pct": round(100 * concealed / max(1, rx), 4),
-        "playout_underrun_frames": sum(s.playout_underrun_frames for s in stats),
-        "send_errors": sum(s.send_errors for s in stats),
-        "agent_errors": sum(s.agent_errors for s in stats),
+        "p50": s.pacing_jitter_p50_ms,
+        "p99": s.pacing_jitter_p99_ms,
+        "max": s.pacing_jitter_max_ms,
+        "sent": s.packets_out,
+        "late": s.pacer_late_frames,
+        "skipped": s.pacer_skipped_frames,
+        "rx": s.jitter.received,
+        "rx_late": s.jitter.late,
+        "rx_lost": s.jitter.lost,
+        "concealed": s.jitter.concealed,
+        "packets_in": s.packets_in,
+        "underrun": s.playout_underrun_frames,
+        "send_errors": s.send_errors,
+        "agent_errors": s.agent_errors,
     }
 
 
-async def _run(calls: int, duration_s: float, rate: int, out: Path) -> dict[str, Any]:
+def media_figures(rows: list[dict[str, float]]) -> dict[str, Any]:
+    """Pacing and jitter-buffer figures over all finished calls (rows of :func:`call_row`)."""
+    if not rows:
+        return {"pacing_jitter_ms": None, "late_or_missing_frames_pct": None}
+
+    def total(key: str) -> int:
+        return int(sum(r[key] for r in rows))
+
+    sent, rx = total("sent"), total("rx")
+    return {
+        "pacing_jitter_ms": {
+            "p50": round(float(np.median([r["p50"] for r in rows])), 3),
+            "p99": round(float(np.percentile([r["p99"] for r in rows], 99)), 3),
+            "max": round(float(max(r["max"] for r in rows)), 3),
+        },
+        "late_or_missing_frames_pct": round(
+            100 * (total("late") + total("skipped")) / max(1, sent), 4
+        ),
+        "pacer_late_frames": total("late"),
+        "pacer_skipped_frames": total("skipped"),
+        "frames_sent": sent,
+        "packets_in": total("packets_in"),
+        "rx_late_pct": round(100 * total("rx_late") / max(1, rx), 4),
+        "rx_lost_pct": round(100 * total("rx_lost") / max(1, rx + total("rx_lost")), 4),
+        "rx_concealed_pct": round(100 * total("concealed") / max(1, rx), 4),
+        "playout_underrun_frames": total("underrun"),
+        "send_errors": total("send_errors"),
+        "agent_errors": total("agent_errors"),
+    }
+
+
+async def _run(
+    calls: int, duration_s: float, rate: int, out: Path, worker: int = 0
+) -> dict[str, Any]:
     sipp = shutil.which("sipp")
     if sipp is None:
         raise SystemExit("sipp not found: `make setup` installs Debian's sip-tester")
@@ -143,7 +180,7 @@ async def _run(calls: int, duration_s: float, rate: int, out: Path) -> dict[str,
     config = replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0", max_calls=calls + 10),
-        rtp=replace(base.rtp, ports="50000-51999"),
+        rtp=replace(base.rtp, ports=f"{50000 + 2000 * worker}-{51999 + 2000 * worker}"),
     )
     load_avg = os.getloadavg()[0]
     server = BridgeServer(config)
@@ -151,10 +188,13 @@ async def _run(calls: int, duration_s: float, rate: int, out: Path) -> dict[str,
     loop = asyncio.get_running_loop()
     samples: list[tuple[float, float, float, int]] = []  # wall, cpu, rss, concurrent
     busy: list[float] = []  # machine-wide busy CPU-seconds at each sample
+    sipp_cpu: list[float] = []  # the load generator's CPU-seconds at each sample
+    sipp_pid: list[int] = []
 
     def sample() -> None:
         samples.append((time.monotonic(), time.process_time(), _rss_mb(), len(server.calls)))
         busy.append(_machine_busy_s())
+        sipp_cpu.append(_proc_cpu_s(sipp_pid[0] if sipp_pid else None))
 
     try:
         sample()
@@ -164,12 +204,14 @@ async def _run(calls: int, duration_s: float, rate: int, out: Path) -> dict[str,
         idle_cpu_pct = 100 * (samples[-1][1] - samples[0][1]) / (samples[-1][0] - samples[0][0])
         proc = await asyncio.create_subprocess_exec(
             sipp, f"127.0.0.1:{server.port}", "-sf", str(SCENARIO),
-            "-i", "127.0.0.1", "-p", str(_free_port()), "-mi", "127.0.0.1", "-mp", "30000",
+            "-i", "127.0.0.1", "-p", str(_free_port()),
+            "-mi", "127.0.0.1", "-mp", str(30000 + 4000 * worker),
             "-m", str(calls), "-l", str(calls), "-r", str(rate), "-d", str(int(duration_s * 1000)),
             "-trace_rtt", "-rtt_freq", "1", "-timeout", f"{int(duration_s + 60)}s",
             "-timeout_error", "-nostdin",
             cwd=out, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
+        sipp_pid.append(proc.pid)
         reader = asyncio.ensure_future(proc.communicate())
         while not reader.done():
             await asyncio.wait([reader], timeout=SAMPLE_S)
@@ -184,11 +226,13 @@ async def _run(calls: int, duration_s: float, rate: int, out: Path) -> dict[str,
     peak = max(s[3] for s in samples)
     steady_idx = [i for i, s in enumerate(samples) if s[3] >= peak and peak > 0]
     steady = [samples[i] for i in steady_idx]
-    cpu_pct = rss_growth = machine_pct = None
+    cpu_pct = rss_growth = machine_pct = sipp_pct = None
     if len(steady) >= 2:
         wall = steady[-1][0] - steady[0][0]
         cpu_pct = 100 * (steady[-1][1] - steady[0][1]) / wall if wall > 0 else None
         machine_pct = 100 * (busy[steady_idx[-1]] - busy[steady_idx[0]]) / wall if wall else None
+        a, b = sipp_cpu[steady_idx[0]], sipp_cpu[steady_idx[-1]]
+        sipp_pct = 100 * (b - a) / wall if wall and a and b else None
         rss_growth = max(s[2] for s in steady) - idle[2]
     rtt = sorted(x for p in out.glob("uac_rtp_call_*_rtt.csv") for x in parse_rtt(p))
     ok, failed = parse_sipp_counts(stdout)
@@ -210,12 +254,14 @@ async def _run(calls: int, duration_s: float, rate: int, out: Path) -> dict[str,
         "cpu_pct_steady": round(cpu_pct, 1) if cpu_pct is not None else None,
         "cpu_pct_idle": round(idle_cpu_pct, 2),
         "machine_cpu_pct_steady": round(machine_pct, 1) if machine_pct is not None else None,
+        # The load generator shares the machine: what is left for the bridge is the rest.
+        "sipp_cpu_pct_steady": round(sipp_pct, 1) if sipp_pct is not None else None,
         "cpu_pct_per_call": round(cpu_pct / peak, 3) if cpu_pct is not None else None,
         # One event loop, one core: near 100 % the per-call figure is a floor, not a cost.
         "bridge_saturated": cpu_pct is not None and cpu_pct >= 90,
         "rss_mb_idle": round(idle[2], 1),
         "rss_mb_per_call": round(rss_growth / peak, 3) if rss_growth is not None else None,
-        **media_figures(finished),
+        **media_figures([call_row(s) for s in finished]),
         "load_avg_at_start": load_avg,
         "cpus": os.cpu_count(),
         "targets": TARGETS,
@@ -223,6 +269,7 @@ async def _run(calls: int, duration_s: float, rate: int, out: Path) -> dict[str,
     if proc.returncode != 0 and ok is None:
         result["sipp_tail"] = stdout[-2000:]
     _plot(out / "calls.png", finished, samples, result)
+    result["raw"] = {"rows": [call_row(s) for s in finished], "rtt": rtt}
     return result
 
 
@@ -262,6 +309,66 @@ def _plot(
     plt.close(fig)
 
 
+def _run_workers(args: argparse.Namespace) -> dict[str, Any]:
+    """Run ``--workers`` bridge processes side by side (each: its own BridgeServer, SIP
+    port, RTP range and sipp) and merge their figures into the node's."""
+    k = args.workers
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                __file__,
+                "--raw",
+                "--calls",
+                str(args.calls // k),
+                "--duration",
+                str(args.duration),
+                "--rate",
+                str(max(1, args.rate // k)),
+                "--out",
+                str(args.out / f"worker{i}"),
+                "--worker-index",
+                str(i),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(k)
+    ]
+    parts = [json.loads(p.communicate()[0]) for p in procs]
+    rows = [r for part in parts for r in part["raw"]["rows"]]
+    rtt = sorted(x for part in parts for x in part["raw"]["rtt"])
+    calls = sum(part["calls"] for part in parts)
+    cpu = [part["cpu_pct_steady"] for part in parts]
+    total_cpu = sum(cpu) if all(c is not None for c in cpu) else None
+    sipp = [part["sipp_cpu_pct_steady"] or 0.0 for part in parts]
+    return {
+        "bench": "calls",
+        "workers": k,
+        "calls": calls,
+        "rate_cps": sum(part["rate_cps"] for part in parts),
+        "concurrent_peak": sum(part["concurrent_peak"] for part in parts),
+        "duration_s": args.duration,
+        "completed_all": all(part["completed_all"] for part in parts),
+        "finished_calls": sum(part["finished_calls"] for part in parts),
+        "setup_ms": {
+            "p50": round(float(np.percentile(rtt, 50)), 2) if rtt else None,
+            "p99": round(float(np.percentile(rtt, 99)), 2) if rtt else None,
+            "n": len(rtt),
+        },
+        "cpu_pct_steady_per_worker": cpu,
+        "cpu_pct_steady": round(total_cpu, 1) if total_cpu is not None else None,
+        "machine_cpu_pct_steady": max(part["machine_cpu_pct_steady"] or 0.0 for part in parts),
+        "sipp_cpu_pct_steady": round(sum(sipp), 1),
+        "cpu_pct_per_call": round(total_cpu / calls, 3) if total_cpu is not None else None,
+        "bridge_saturated": any(part["bridge_saturated"] for part in parts),
+        **media_figures(rows),
+        "load_avg_at_start": parts[0]["load_avg_at_start"],
+        "cpus": os.cpu_count(),
+        "targets": TARGETS,
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--calls", type=int, default=200)
@@ -269,10 +376,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=int, default=20, help="new calls per second")
     ap.add_argument("--quick", action="store_true", help="20 calls x 5 s")
     ap.add_argument("--out", type=Path, default=ROOT / "bench" / "out")
+    ap.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="bridge processes (each with its own sipp, calls and rate split evenly), as\n"
+        "behind a dispatcher: the node's figures are merged",
+    )
+    ap.add_argument("--worker-index", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--raw", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.calls, args.duration = 20, 5.0
-    result = asyncio.run(_run(args.calls, args.duration, args.rate, args.out))
+    if args.workers > 1:
+        result = _run_workers(args)
+    else:
+        result = asyncio.run(
+            _run(args.calls, args.duration, args.rate, args.out, args.worker_index)
+        )
+        if not args.raw:
+            del result["raw"]
     text = json.dumps(result, indent=2)
     (args.out / "calls.json").write_text(text + "\n")
     print(text)

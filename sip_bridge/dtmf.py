@@ -3,7 +3,8 @@
 :class:`DtmfReceiver` turns telephone-event packets into one :class:`DtmfDigit` per
 key press (keyed on the End bit, never the marker); :class:`DtmfSender` produces the
 packets for one key press on an :class:`~sip_bridge.rtp.RtpSender`'s sequence and
-timestamp space.
+timestamp space; :class:`DtmfOutbox` queues digits and hands those packets out one per
+frame slot of a paced stream, so events replace audio frames on the same SSRC.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from sip_bridge.rtp import (
     event_to_dtmf,
 )
 
-__all__ = ["DtmfDigit", "DtmfReceiver", "DtmfSender"]
+__all__ = ["DtmfDigit", "DtmfOutbox", "DtmfReceiver", "DtmfSender"]
 
 _TS_MOD = 1 << 32
 
@@ -216,3 +217,90 @@ class DtmfSender:
             )
             out.append((i * self.ptime_ms / 1000.0, datagram))
         return out
+
+
+class DtmfOutbox:
+    """Digits waiting to go out as RFC 4733 events on a paced RTP stream, sans-I/O.
+
+    The stream's pacer calls :meth:`next_packet` once per frame slot: it returns the event
+    datagram for that slot, or None when the slot carries audio (idle, or the gap between
+    two digits). An event takes one slot per packet (updates, then 3 End packets), all on
+    the :class:`RtpSender`'s SSRC and sequence space with the event's start timestamp. After
+    the last End packet the stream timestamp is moved to the slot clock (the End
+    retransmissions outlast the event) and the next audio packet carries the marker bit.
+    """
+
+    def __init__(
+        self,
+        sender: DtmfSender,
+        frame_samples: int,
+        *,
+        duration_ms: int = 100,
+        gap_ms: int = 60,
+    ) -> None:
+        if frame_samples <= 0 or duration_ms <= 0 or gap_ms < 0:
+            raise ValueError("frame_samples and duration_ms must be positive, gap_ms >= 0")
+        self.sender = sender
+        self.frame_samples = frame_samples
+        self.duration_ms = duration_ms
+        self.gap_frames = -(-gap_ms * sender.clock_rate // 1000 // frame_samples)
+        self._digits: deque[str] = deque()
+        self._packets: deque[bytes] = deque()
+        self._start_ts = 0
+        self._slots = 0
+        self._gap_left = 0
+        self.sent_digits = 0
+
+    @classmethod
+    def on(cls, rtp: RtpSender, payload_type: int, clock_rate: int, ptime_ms: int) -> DtmfOutbox:
+        """An outbox for an audio stream of ``ptime_ms`` frames at ``clock_rate``."""
+        sender = DtmfSender(rtp, payload_type, clock_rate=clock_rate, ptime_ms=ptime_ms)
+        return cls(sender, clock_rate * ptime_ms // 1000)
+
+    @staticmethod
+    def check(digits: str) -> None:
+        """ValueError unless every character is a DTMF key (``0-9 * # A-D``)."""
+        for d in digits:
+            dtmf_to_event(d)
+
+    def add(self, digits: str) -> None:
+        """Queue key presses; ValueError on a non-DTMF character, queuing nothing."""
+        self.check(digits)
+        self._digits.extend(d.upper() for d in digits)
+
+    @property
+    def busy(self) -> bool:
+        """True while an event plays, digits wait, or an inter-digit gap runs."""
+        return bool(self._packets or self._digits or self._gap_left)
+
+    @property
+    def playing(self) -> bool:
+        """True while an event's packets own the stream (audio must wait)."""
+        return bool(self._packets)
+
+    def clear(self) -> None:
+        """Forget queued digits (an event already started is finished: it must end)."""
+        self._digits.clear()
+
+    def next_packet(self) -> bytes | None:
+        """The datagram for this frame slot, or None when the slot carries audio."""
+        if not self._packets:
+            if self._gap_left:
+                self._gap_left -= 1
+                return None
+            if not self._digits:
+                return None
+            rtp = self.sender.rtp
+            self._start_ts = rtp.timestamp
+            digit = self._digits.popleft()
+            plan = self.sender.packets(digit, self.duration_ms)
+            self._packets.extend(d for _, d in plan)
+            self._slots = len(plan)
+        data = self._packets.popleft()
+        if not self._packets:
+            rtp = self.sender.rtp
+            used = (rtp.timestamp - self._start_ts) % _TS_MOD
+            rtp.skip(max(0, self._slots * self.frame_samples - used))  # and a marker next
+            self._gap_left = self.gap_frames
+            self.sent_digits += 1
+        return data

@@ -12,12 +12,16 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from dataclasses import replace as _replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 from sip_bridge.rtcp import RtcpError
 from sip_bridge.rtcp_session import RtcpReport, RtcpSession
+from sip_bridge.rtp_receiver import addr_key
 
-__all__ = ["RtcpLink", "RtcpPeerStats", "RtcpProtocol"]
+if TYPE_CHECKING:
+    from sip_bridge.media_params import MediaParams
+
+__all__ = ["RtcpLink", "RtcpPeerStats", "RtcpProtocol", "bind_rtcp", "rtcp_remote"]
 
 log = logging.getLogger(__name__)
 
@@ -127,3 +131,25 @@ class RtcpProtocol(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         log.debug("RTCP socket error: %s", exc)
+
+
+def rtcp_remote(p: MediaParams) -> tuple[str, int]:
+    """Where reports go without rtcp-mux: ``a=rtcp`` if given, else RTP port + 1."""
+    port = p.rtcp_port if p.rtcp_port is not None else p.remote_port + 1
+    return addr_key(p.remote_host, min(port, 65535))
+
+
+async def bind_rtcp(
+    rtp: asyncio.DatagramTransport, link: RtcpLink
+) -> asyncio.DatagramTransport | None:
+    """RTCP on RTP port + 1 (the pool keeps it free); None if taken (we report from RTP)."""
+    host, port = rtp.get_extra_info("sockname")[:2]
+    loop = asyncio.get_running_loop()
+    try:
+        transport, _ = await loop.create_datagram_endpoint(
+            lambda: RtcpProtocol(link), local_addr=(str(host), int(port) + 1)
+        )
+    except OSError as exc:
+        log.warning("RTCP port %d unavailable (%s)", int(port) + 1, exc)
+        return None
+    return transport

@@ -7,6 +7,7 @@ cumulative sleeps), so a late wake-up costs jitter, not drift.
 from __future__ import annotations
 
 from collections import deque
+from typing import Any
 
 import numpy as np
 
@@ -85,6 +86,17 @@ class Pacer:
             self.t0 = now
             self.k = 0
             self.rephased += 1
+
+    def figures(self) -> dict[str, Any]:
+        """The pacer's part of :class:`~sip_bridge.media.MediaStats`."""
+        p50, p99, pmax = self.jitter_ms()
+        return {
+            "pacer_late_frames": self.late_frames,
+            "pacer_skipped_frames": self.skipped_frames,
+            "pacing_jitter_p50_ms": p50,
+            "pacing_jitter_p99_ms": p99,
+            "pacing_jitter_max_ms": pmax,
+        }
 
     def jitter_ms(self) -> tuple[float, float, float]:
         """(p50, p99, max) of the departure lateness, milliseconds."""

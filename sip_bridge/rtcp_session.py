@@ -60,6 +60,12 @@ class ReceptionStats:
         self.last_sr: tuple[int, float] | None = None  # (LSR, arrival time)
 
     def on_packet(self, seq: int, timestamp: int, arrival: float) -> None:
+        m = self.max_seq
+        if m is not None and seq == (m + 1) & 0xFFFF:  # the next one: no unwrapping to do
+            self.max_seq = m + 1
+            self.received += 1
+            self.jitter.update(arrival, timestamp)
+            return
         ext = unwrap_seq(self.max_seq, seq)
         self.max_seq = ext if self.max_seq is None else max(self.max_seq, ext)
         self.base_seq = ext if self.base_seq is None else min(self.base_seq, ext)

@@ -12,8 +12,19 @@ from numpy.typing import NDArray
 from agent import Agent, AgentOutput, CallInfo, DtmfEvent, EchoAgent, HangupEvent
 
 
-def _run(agent: EchoAgent, frames: list[NDArray[np.int16]]) -> Capture:
-    out = Capture()
+class KeyCapture(Capture):
+    """A capture that also records the keys the agent presses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.keys = ""
+
+    def send_dtmf(self, digits: str) -> None:
+        self.keys += digits
+
+
+def _run(agent: EchoAgent, frames: list[NDArray[np.int16]]) -> KeyCapture:
+    out = KeyCapture()
     asyncio.run(agent.start(CallInfo(call_id="c1"), out))
     for f in frames:
         agent.on_audio(f)
@@ -51,8 +62,10 @@ def test_events_are_kept_and_stop_ends_output() -> None:
     agent = EchoAgent(delay_s=0.0)
     out = _run(agent, [np.ones(480, np.int16)])
     agent.on_event(DtmfEvent("5", 100.0))
+    agent.on_event(DtmfEvent("#", 80.0))
     agent.on_event(HangupEvent("bye"))
-    assert agent.events == [DtmfEvent("5", 100.0), HangupEvent("bye")]
+    assert agent.events == [DtmfEvent("5", 100.0), DtmfEvent("#", 80.0), HangupEvent("bye")]
+    assert out.keys == "5#"  # every key pressed back
     asyncio.run(agent.stop())
     agent.on_audio(np.ones(480, np.int16))
     assert out.audio.size == 480  # nothing written after stop
@@ -74,4 +87,6 @@ def test_agent_interface_is_abstract() -> None:
         Agent()  # type: ignore[abstract]
     with pytest.raises(TypeError):
         AgentOutput()  # type: ignore[abstract]
+    with pytest.raises(NotImplementedError):
+        Capture().send_dtmf("1")  # an output that cannot press keys says so
     assert EchoAgent.sample_rate == 24000 and EchoAgent.name == "echo"

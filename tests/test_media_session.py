@@ -21,7 +21,7 @@ from numpy.typing import NDArray
 from agent import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent, EchoAgent, HangupEvent
 from jitter import JitterBuffer
 from resample import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from sip_bridge.dtmf import DtmfSender
+from sip_bridge.dtmf import DtmfDigit, DtmfReceiver, DtmfSender
 from sip_bridge.media import CallMedia, MediaParams, RtpReceiver
 from sip_bridge.pacer import Pacer, next_tick
 from sip_bridge.rtp import RtpPacket, RtpSender, unwrap_seq
@@ -138,7 +138,9 @@ async def _call(
     await media.close("test over")
     for t in (phone_t, decoy_t, stranger_t):
         t.close()
-    packets = [(t, RtpPacket.parse(d)) for t, d in phone.received]
+    parsed = [(t, RtpPacket.parse(d)) for t, d in phone.received]
+    events = [p for _, p in parsed if p.payload_type == 101]  # keys the echo pressed back
+    packets = [(t, p) for t, p in parsed if p.payload_type != 101]
     assert packets, "nothing came back"
     last: int | None = None
     ext = []
@@ -156,6 +158,7 @@ async def _call(
         rx_times[i] = arrived
     call = Call(pt, tx, send_times, rx, rx_times, packets, media, agent)
     call.extra["garbage"] = garbage_sent
+    call.extra["events"] = events
     call.extra["decoy"] = len(decoy.received)
     return call
 
@@ -270,11 +273,17 @@ def test_symmetric_rtp_latches_to_the_real_source() -> None:
     assert isinstance(decoy, int) and 1 <= decoy <= 10  # only before the first packet
 
 
-def test_dtmf_reaches_the_agent_once() -> None:
+def test_dtmf_reaches_the_agent_once_and_the_echo_presses_it_back() -> None:
     call = asyncio.run(_call("127.0.0.1", 8, dtmf_at=20, tone_s=0.4))
     events = call.agent.events
     assert events == [DtmfEvent("5", 100.0), HangupEvent("test over")]
     assert call.media.stats.dtmf_digits == 1
+    assert call.media.stats.dtmf_digits_sent == 1
+    back = call.extra["events"]
+    assert isinstance(back, list)
+    assert DtmfReceiver(101).feed_all(back) == [DtmfDigit("5", 100.0, back[0].timestamp)]
+    audio_ssrc = {p.ssrc for _, p in call.packets}
+    assert {p.ssrc for p in back} == audio_ssrc  # same stream, in place of audio frames
 
 
 class Talker(Agent):

@@ -1,0 +1,285 @@
+"""One media clock per event loop: every call's receive pops and paced sends on one timer.
+
+Why: with a task per call and direction, 200 calls meant ~600 timer wake-ups per 20 ms, an
+asyncio wake-up per datagram, and each call's DSP alone, dominated by numpy call overhead.
+The clock wakes every 5 ms on an absolute grid of the loop's monotonic clock (no drift:
+sleeps never accumulate) and, per wake-up, in this order:
+
+1. send: what agents wrote is downsampled in one batch, every due call's frame is G.711
+   encoded in one batch and sent; then RTCP reports that are due. Pacer grids sit on the
+   clock's grid, so a frame's lateness is the wake-up's lateness. A talkspurt re-phases
+   its call onto the grid point (within a frame) fewest calls send on (:meth:`quiet_phase`).
+2. read: one ``epoll_wait`` over every call's RTP socket, then the queued datagrams, with
+   their kernel arrival stamps (:class:`~sip_bridge.media_io.PolledSocket`).
+3. receive: each call's jitter buffer is popped at the call's own tick time, which follows
+   ``JitterBuffer.due_s`` (:func:`~sip_bridge.pacer.next_tick`), so the buffer's delay
+   figures are those of a per-call loop; the pop happens at the first wake-up at or after
+   that time. Frames are upsampled in batches (:func:`resample.batch.process_many`) and
+   handed to the agents.
+
+Reading and receiving share a time budget per wake-up, so that a burst of arrivals (a peer
+sending every call's packet at once) cannot make the next wake-up's sends late: the rest
+waits a tick (see :meth:`MediaClock._serve`). The clock stops ticking when its last call
+leaves, and starts again with the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import select
+import time
+import weakref
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from resample.batch import process_many
+
+if TYPE_CHECKING:
+    from sip_bridge.media import CallMedia, TxFrame
+
+__all__ = ["MediaClock", "media_clock"]
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.005
+_EPS = 1e-6  # float slack when comparing deadlines that sit on the grid
+_MAX_CATCH_UP = 3  # receive pops per call and wake-up after a stall
+_READ_ROUNDS = 64  # socket reads per call and tick at most (a flood waits in the kernel)
+_RX_CHUNK = 8  # calls per receive batch (the budget is checked between batches)
+
+_clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MediaClock] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def media_clock() -> MediaClock:
+    """The running loop's clock (created on first use)."""
+    loop = asyncio.get_running_loop()
+    clock = _clocks.get(loop)
+    if clock is None:
+        clock = _clocks[loop] = MediaClock(loop)
+    return clock
+
+
+class MediaClock:
+    """The shared tick. Calls join with :meth:`add` and leave with :meth:`remove`."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float = TICK_S) -> None:
+        self.loop = loop
+        self.tick_s = tick_s
+        self.members: dict[int, CallMedia] = {}  # id -> call, in join order
+        self._origin = 0.0
+        self._j = 0  # index of the next grid point
+        self._handle: asyncio.TimerHandle | None = None
+        self.ticks = 0
+        self.errors = 0
+        self.rx_budget_s = 0.6 * tick_s  # receive work per tick, after the sends
+        # Calls' RTP sockets, polled once per tick for all calls (one epoll_wait instead of
+        # an empty read per call); without epoll each call drains its own socket.
+        self.poller = select.epoll() if hasattr(select, "epoll") else None
+        self._by_fd: dict[int, CallMedia] = {}
+        self.rx_deferred = 0  # ticks that left receive work to the next one
+        self._reads_cut = 0  # ticks in a row whose reads ran out of budget (2: no budget)
+
+    # -- grid -------------------------------------------------------------------------------
+
+    def grid_at_or_after(self, t: float) -> float:
+        """The first grid point >= t (pacers start there, so they sit on the grid)."""
+        if self._handle is None:
+            return t
+        k = math.ceil((t - self._origin) / self.tick_s - _EPS)
+        return self._origin + k * self.tick_s
+
+    def quiet_phase(self, g: float, frame_s: float) -> float:
+        """Of the grid points in ``[g, g + frame_s)``, the one the fewest calls send on.
+
+        A call starting a talkspurt re-phases its send grid there (at most a frame minus a
+        tick later than ``g``): calls whose packets arrive together, and whose agents write
+        on the same tick, would otherwise all send on one tick too and make it late.
+        """
+        n = max(1, round(frame_s / self.tick_s))
+        load = [0] * n
+        for m in self.members.values():
+            if m._talking and m._frame_s == frame_s:
+                k = round((m.pacer.next_deadline - g) / self.tick_s) % n
+                load[k] += 1
+        return g + load.index(min(load)) * self.tick_s
+
+    # -- membership -------------------------------------------------------------------------
+
+    def add(self, media: CallMedia) -> float:
+        """Join; returns the grid time the call's clocks start from."""
+        if self._handle is None:
+            self._origin = self.loop.time()
+            self._j = 0
+            self._handle = self.loop.call_at(self._origin, self._tick)
+        self.members[id(media)] = media
+        if self.poller is not None and media._sock is not None:
+            fd = media._sock.sock.fileno()
+            self.poller.register(fd, select.EPOLLIN)
+            self._by_fd[fd] = media
+        return self.grid_at_or_after(self.loop.time())
+
+    def remove(self, media: CallMedia) -> None:
+        self.members.pop(id(media), None)
+        if self.poller is not None and media._sock is not None:
+            fd = media._sock.sock.fileno()
+            if self._by_fd.pop(fd, None) is not None:
+                self.poller.unregister(fd)
+        if not self.members and self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    # -- the tick ---------------------------------------------------------------------------
+
+    def _tick(self) -> None:
+        t = self._origin + self._j * self.tick_s
+        now = self.loop.time()
+        self.ticks += 1
+        try:
+            self._serve(t, max(now, t))
+        except Exception:  # one broken call must not stop every call's media
+            self.errors += 1
+            if self.errors <= 3:
+                log.exception("media clock tick failed")
+        if not self.members:
+            self._handle = None
+            return
+        # Behind: go on from the latest grid point, not through every missed one (a tick
+        # serves everything due up to its start, so replaying them would only cost).
+        behind = math.floor((self.loop.time() - self._origin) / self.tick_s)
+        self._j = max(self._j + 1, behind)
+        self._handle = self.loop.call_at(self._origin + self._j * self.tick_s, self._tick)
+
+    def _serve(self, t: float, now: float) -> None:
+        """Sends first (their deadlines are what pacing is measured on), then receives.
+
+        What the agents say on this tick's receive goes out from the next tick on; a new
+        talkspurt re-phases its call's grid there, which also spreads the calls' sends
+        away from the tick where their packets (often all at once, from one peer) arrive.
+        """
+        calls = list(self.members.values())
+        g = t + math.floor((now - t) / self.tick_s + _EPS) * self.tick_s  # latest grid <= now
+        sending = [
+            m
+            for m in calls
+            if not m._closed and (m.pacer.next_deadline <= now + _EPS or m._wake_pending)
+        ]
+        if sending:
+            _drain_writes(sending)
+            batch: list[TxFrame] = []
+            for m in sending:
+                m._tx_tick(g, now, batch)
+            if batch:
+                _send_batch(batch, now)
+            for m in sending:
+                m._rtcp_tick(now)
+        # Receiving has a time budget per tick: its sends must not be late behind a burst of
+        # arrivals (one peer often sends every call's packet at once). What is left waits
+        # for the next tick: unread datagrams keep their kernel arrival stamps, and a later
+        # pop is still made at the call's own tick time, so the jitter buffer's figures do
+        # not change; only that call's audio reaches its agent a tick later.
+        end = time.perf_counter() + self.rx_budget_s
+        if not self._read_ready(now, end if self._reads_cut < 2 else math.inf):
+            self._reads_cut += 1
+            self.rx_deferred += 1
+            return  # a due call's packet may still be unread: no pops before it is read
+        self._reads_cut = 0
+        for _ in range(_MAX_CATCH_UP):
+            due = [m for m in calls if m._rx_t <= now + _EPS and not m._closed]
+            if not due:
+                break
+            due.sort(key=_rx_time)  # the longest waiting first
+            for i in range(0, len(due), _RX_CHUNK):
+                _receive(due[i : i + _RX_CHUNK])
+                if time.perf_counter() > end:
+                    self.rx_deferred += 1
+                    return
+
+    def _read_ready(self, now: float, end: float) -> bool:
+        """Datagrams queued on the calls' sockets, one per ready socket and round
+        (level-triggered: a socket with more stays ready), until none is left (True) or the
+        perf_counter passes ``end`` (False). A flooded socket is bounded by the rounds."""
+        if self.poller is None:
+            return True
+        offset = time.time() - now
+        by_fd = self._by_fd
+        for _ in range(_READ_ROUNDS):
+            events = self.poller.poll(0)
+            if not events:
+                return True
+            for i, (fd, _) in enumerate(events, 1):
+                m = by_fd.get(fd)
+                if m is not None and m._sock is not None and not m._closed:
+                    d = m._sock.read(now, offset)
+                    if d is not None:
+                        m._on_datagram(*d)
+                if not i % _RX_CHUNK and time.perf_counter() > end:
+                    return False
+        return True
+
+
+def _rx_time(m: CallMedia) -> float:
+    return m._rx_t
+
+
+def _receive(due: list[CallMedia]) -> None:
+    """Pop every due call's jitter buffer, upsample in batches, feed the agents."""
+    frames = [m._rx_pop() for m in due]
+    pcm: list[NDArray[np.int16]] = list(frames)
+    groups: dict[tuple[int, int], list[int]] = {}
+    for i, m in enumerate(due):
+        up = m._up
+        if up is not None:
+            groups.setdefault((up.out_rate, frames[i].size), []).append(i)
+    for idx in groups.values():
+        rs = [due[i]._up for i in idx]
+        out = process_many(rs, np.stack([frames[i] for i in idx]))  # type: ignore[arg-type]
+        for i, row in zip(idx, out, strict=True):
+            pcm[i] = row
+    for m, p in zip(due, pcm, strict=True):
+        m._rx_deliver(p)
+
+
+def _drain_writes(calls: list[CallMedia]) -> None:
+    """Downsample what the agents wrote into each call's playout buffer, batched when the
+    call wrote exactly one frame (an echo or a steady TTS stream), one by one otherwise."""
+    groups: dict[tuple[int, int], list[CallMedia]] = {}
+    for m in calls:
+        pending = m._pending
+        if not pending:
+            continue
+        down = m._down
+        if down is None:
+            m._drain_one()
+        elif len(pending) == 1 and pending[0].size == m._agent_step:
+            groups.setdefault((down.in_rate, m._agent_step), []).append(m)
+        else:
+            m._drain_one()
+    for group in groups.values():
+        if len(group) == 1:
+            group[0]._drain_one()
+            continue
+        x = np.stack([m._pending[0] for m in group])
+        out = process_many([m._down for m in group], x)  # type: ignore[misc]
+        for m, row in zip(group, out, strict=True):
+            m._pending.clear()
+            m._pending_samples = 0
+            m.playout.write(row)
+
+
+def _send_batch(batch: list[TxFrame], now: float) -> None:
+    """G.711-encode every call's due frame in one table lookup per codec, then send each."""
+    groups: dict[tuple[object, int], list[int]] = {}
+    for i, (m, frame, _) in enumerate(batch):
+        groups.setdefault((m.codec.encode, frame.size), []).append(i)
+    for idx in groups.values():
+        m0 = batch[idx[0]][0]
+        codes = m0.codec.encode(np.stack([batch[i][1] for i in idx]))
+        for i, row in zip(idx, codes, strict=True):
+            m, _, dest = batch[i]
+            m._send_audio(row.tobytes(), dest, now)

@@ -1,0 +1,190 @@
+"""The I/O edges of one call's media: the agent's output object, the RTP socket's asyncio
+protocol (with the port lease that exists before the call's media does), and the polled
+socket the media clock reads once the call runs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import struct
+import time
+from typing import TYPE_CHECKING
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.base import AgentEvent, AgentOutput, HangupEvent
+from sip_bridge.rtp import RtpSender
+from sip_bridge.rtp_ports import RtpPortLease, RtpPortPool
+
+if TYPE_CHECKING:
+    from sip_bridge.media import CallMedia
+
+__all__ = [
+    "AudioRtpSender",
+    "Datagram",
+    "MediaOutput",
+    "PolledSocket",
+    "RtpLease",
+    "RtpProtocol",
+    "reserve_rtp_port",
+]
+
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # 35 on Linux
+_TIMESPEC = struct.Struct("@qq")
+_ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
+
+#: A datagram read by the clock: (data, source address, arrival time on the loop's clock).
+Datagram = tuple[bytes, tuple[str, int], float]
+
+
+class MediaOutput(AgentOutput):
+    """The agent's output into one call's send chain."""
+
+    def __init__(self, media: CallMedia) -> None:
+        self._media = media
+
+    def write(self, pcm: NDArray[np.int16]) -> None:
+        self._media._write(pcm)
+
+    def flush(self) -> float:
+        return self._media._flush()
+
+    def send_dtmf(self, digits: str) -> None:
+        self._media.send_dtmf(digits)
+
+    def hangup(self, reason: str = "") -> None:
+        self.emit(HangupEvent(reason))
+
+    def emit(self, event: AgentEvent) -> None:
+        m = self._media
+        if isinstance(event, HangupEvent) and m.hangup_requested is None:
+            m.hangup_requested = event.reason
+        if m.on_agent_event is not None:
+            m.on_agent_event(event)
+
+
+class RtpProtocol(asyncio.DatagramProtocol):
+    def __init__(self, media: CallMedia | None = None) -> None:
+        self.media = media  # None while the port is reserved but the call not set up
+
+    def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
+        if self.media is not None:
+            self.media._on_datagram(data, (str(addr[0]), int(addr[1])))
+
+    def error_received(self, exc: Exception) -> None:
+        if self.media is not None:
+            self.media.send_errors += 1  # ICMP port unreachable and the like: keep going
+
+
+RtpLease = RtpPortLease[RtpProtocol]
+
+
+async def reserve_rtp_port(pool: RtpPortPool, host: str) -> RtpLease:
+    """Bind a port before the media parameters are known.
+
+    SIP needs our port for the SDP answer before the call's media can be built;
+    hand the lease to :class:`~sip_bridge.media.CallMedia` afterwards (packets before that
+    are dropped).
+    """
+    return await pool.bind(host, RtpProtocol)
+
+
+class PolledSocket:
+    """A call's RTP socket read by polling from the media clock's tick, not by asyncio.
+
+    Why: asyncio's datagram path (epoll wake-up, transport, protocol) cost ~37 us a packet
+    at 100 calls, draining each socket once per 20 ms tick ~12 us (measured). Arrival times
+    stay exact: the kernel stamps each datagram (SO_TIMESTAMPNS), converted to the loop's
+    clock; without stamps the time of the read is used. The asyncio transport stays for the
+    lease (bind, close, port accounting) with its reading paused; this socket is a dup of
+    its descriptor, so both see the same datagrams and the same non-blocking mode.
+    """
+
+    def __init__(self, transport: asyncio.DatagramTransport) -> None:
+        ts = transport.get_extra_info("socket")
+        self.sock = socket.socket(ts.family, socket.SOCK_DGRAM, fileno=os.dup(ts.fileno()))
+        self.sock.setblocking(False)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            self.stamped = True
+        except OSError:
+            self.stamped = False
+        pause = getattr(transport, "pause_reading", None)  # selector loops have it; without
+        if pause is not None:  # it asyncio keeps reading too, harmlessly: same receiver
+            pause()
+        self.send_errors = 0
+
+    def read(self, loop_now: float, offset: float) -> Datagram | None:
+        """One queued datagram, or None when the queue is empty.
+
+        ``offset`` is ``time.time() - loop_now``: it maps the kernel's realtime stamp onto
+        the loop's clock.
+        """
+        for _ in range(8):
+            try:
+                data, anc, _, addr = self.sock.recvmsg(2048, _ANC_SPACE)
+            except (BlockingIOError, InterruptedError):
+                return None
+            except OSError:  # an ICMP error queued for what we sent: counted, read on
+                self.send_errors += 1
+                continue
+            arrival = loop_now
+            for level, kind, raw in anc:
+                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                    sec, nsec = _TIMESPEC.unpack_from(raw)
+                    arrival = min(loop_now, sec + nsec * 1e-9 - offset)
+            return data, (str(addr[0]), int(addr[1])), arrival
+        return None
+
+    def drain(self, loop_now: float, limit: int = 64) -> list[Datagram]:
+        """Up to ``limit`` queued datagrams as (data, source, arrival on the loop clock); a
+        flood beyond waits for the next tick (and overflows the kernel buffer, not us)."""
+        out: list[Datagram] = []
+        offset = time.time() - loop_now
+        for _ in range(limit):
+            d = self.read(loop_now, offset)
+            if d is None:
+                break
+            out.append(d)
+        return out
+
+    def sendto(self, data: bytes, dest: tuple[str, int]) -> None:
+        try:
+            self.sock.sendto(data, dest)
+        except OSError:  # full buffer, ICMP unreachable and the like: keep going
+            self.send_errors += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+_RTP_HEADER = struct.Struct("!BBHII")
+
+
+class AudioRtpSender(RtpSender):
+    """:class:`RtpSender` whose packets (never CSRCs, extensions or padding on our audio
+    stream) are packed straight from its counters: the same bytes without building and
+    validating an :class:`~sip_bridge.rtp.RtpPacket` per frame (~12 us -> ~2 us)."""
+
+    def next_packet(
+        self,
+        payload: bytes,
+        samples: int,
+        marker: bool = False,
+        payload_type: int | None = None,
+    ) -> bytes:
+        if samples < 0:
+            raise ValueError("samples must be >= 0")
+        pt = self.payload_type if payload_type is None else payload_type
+        if not 0 <= pt < 128:
+            raise ValueError(f"payload type {pt} out of range")
+        b1 = pt | 0x80 if marker or self._marker_pending else pt
+        data = _RTP_HEADER.pack(0x80, b1, self.sequence, self.timestamp, self.ssrc) + payload
+        self._marker_pending = False
+        self.sequence = (self.sequence + 1) & 0xFFFF
+        self.timestamp = (self.timestamp + samples) & 0xFFFFFFFF
+        self.packet_count += 1
+        self.octet_count += len(payload)
+        return data

@@ -1,0 +1,73 @@
+"""The shared media clock: one timer for every call, stopped when the last call leaves."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent import Agent, AgentOutput, CallInfo
+from sip_bridge.media import CallMedia, MediaParams
+from sip_bridge.media_clock import MediaClock, media_clock
+from sip_bridge.rtp_ports import RtpPortPool
+
+
+def test_a_talkspurt_goes_to_the_grid_point_fewest_calls_send_on() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        clock = MediaClock(loop)
+        # calls sending on phases 0, 0, 1, 3 (5 ms ticks, 20 ms frames), one not talking
+        for i, (phase, talking) in enumerate([(0, True), (0, True), (1, True), (3, True),
+                                              (2, False)]):  # fmt: skip
+            m: Any = SimpleNamespace(
+                _talking=talking, _frame_s=0.02,
+                pacer=SimpleNamespace(next_deadline=10.0 + 0.005 * phase + 0.02 * i),
+            )  # fmt: skip
+            clock.members[i] = m
+        assert abs(clock.quiet_phase(10.0, 0.02) - 10.010) < 1e-9  # phase 2 is free
+        assert abs(clock.quiet_phase(10.005, 0.02) - 10.010) < 1e-9  # ...whichever tick asks
+    finally:
+        loop.close()
+
+
+class Quiet(Agent):
+    name = "quiet"
+
+    def __init__(self) -> None:
+        self.frames = 0
+
+    async def start(self, call: CallInfo, output: AgentOutput) -> None:
+        pass
+
+    def on_audio(self, pcm: NDArray[np.int16]) -> None:
+        self.frames += 1
+
+
+def test_calls_share_one_clock_that_stops_with_the_last_call() -> None:
+    async def main() -> None:
+        low = random.Random().randrange(30000, 60000, 2)
+        pool = RtpPortPool(low, low + 199)
+        params = MediaParams("127.0.0.1", 9, local_host="127.0.0.1")  # discard port
+        calls = [CallMedia(Quiet(), pool, params) for _ in range(3)]
+        for c in calls:
+            await c.start()
+        clock = media_clock()
+        assert len(clock.members) == 3 and clock._handle is not None
+        await asyncio.sleep(0.3)
+        for c in calls:  # every call got its 20 ms frames from the one timer
+            assert isinstance(c.agent, Quiet) and 5 <= c.agent.frames <= 17
+            assert 5 <= c.stats.packets_out <= 17
+        assert clock.ticks <= 0.3 / clock.tick_s + 3  # one wake-up per 5 ms for all calls
+        for c in calls:
+            await c.close()
+        assert not clock.members and clock._handle is None  # no idle ticking
+        again = CallMedia(Quiet(), pool, params)
+        await again.start()
+        assert media_clock() is clock and clock._handle is not None
+        await again.close()
+
+    asyncio.run(main())

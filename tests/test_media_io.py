@@ -1,0 +1,59 @@
+"""The media's I/O edges: the packed RTP sender and the polled, kernel-stamped socket."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import socket
+
+from sip_bridge.media_io import AudioRtpSender, PolledSocket, RtpProtocol
+from sip_bridge.rtp import RtpSender
+
+
+def test_packed_sender_makes_the_same_bytes_as_rtp_sender() -> None:
+    rng = random.Random(5)
+    ours = AudioRtpSender(8, ssrc=0xDEADBEEF, sequence=65530, timestamp=0xFFFFFF00)
+    ref = RtpSender(8, ssrc=0xDEADBEEF, sequence=65530, timestamp=0xFFFFFF00)
+    for _ in range(300):
+        op = rng.random()
+        if op < 0.1:
+            n = rng.randrange(0, 1000)
+            ours.skip(n)
+            ref.skip(n)
+        elif op < 0.15:
+            ours.start_talkspurt()
+            ref.start_talkspurt()
+        else:
+            payload = rng.randbytes(rng.choice([4, 160]))
+            marker, pt = rng.random() < 0.1, rng.choice([None, 101])
+            assert ours.next_packet(payload, 160, marker, pt) == ref.next_packet(
+                payload, 160, marker, pt
+            )
+    assert (ours.packet_count, ours.octet_count) == (ref.packet_count, ref.octet_count)
+
+
+def test_polled_socket_reads_what_asyncio_would_with_kernel_arrival_times() -> None:
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(RtpProtocol, local_addr=("127.0.0.1", 0))
+        port = transport.get_extra_info("sockname")[1]
+        polled = PolledSocket(transport)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as peer:
+            peer.bind(("127.0.0.1", 0))
+            sent_at = loop.time()
+            for i in range(100):
+                peer.sendto(bytes([i]) * 20, ("127.0.0.1", port))
+            await asyncio.sleep(0.05)
+            now = loop.time()
+            got = polled.drain(now, limit=64) + polled.drain(now, limit=64)
+            assert [d[0] for d, _, _ in got] == list(range(100))  # all, in order, no loss
+            assert {a for _, a, _ in got} == {peer.getsockname()}
+            assert polled.stamped
+            assert all(sent_at - 0.001 <= t <= now for _, _, t in got)
+            assert polled.drain(loop.time()) == []
+            polled.sendto(b"x", peer.getsockname())
+            assert peer.recv(10) == b"x"
+        polled.close()
+        transport.close()
+
+    asyncio.run(main())
