@@ -4,20 +4,22 @@ It owns the I/O around the sans-I/O :class:`~sip_bridge.uac.OutboundCall`: a UDP
 :class:`~sip_bridge.transport.SipTransport` on an ephemeral port, an RTP port, and the
 :class:`~sip_bridge.media.CallMedia` chain with a :class:`~agent.play_record.PlayRecordAgent`.
 
-DTMF goes out as SIP INFO (``application/dtmf-relay``), not RFC 4733: the media session's
-pacer owns the RTP sequence and timestamp space and offers no way to hand it event
-packets without interleaving them with audio, which 4733 forbids for the same stream.
+``--dtmf`` digits go out as RFC 4733 telephone-events on the call's RTP stream when the
+answer negotiated telephone-event (the media's pacer puts them in place of audio frames,
+same SSRC and sequence space), and as SIP INFO (``application/dtmf-relay``) otherwise: the
+media hands a digit it cannot send in-band back as a :class:`~agent.base.DtmfEvent`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ipaddress
+import logging
 import socket
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.base import CallInfo
+from agent.base import AgentEvent, CallInfo, DtmfEvent, HangupEvent
 from agent.play_record import PlayRecordAgent
 from agent.playback import load_wav
 from sip_bridge.media import CallMedia, MediaParams, reserve_rtp_port
@@ -26,9 +28,19 @@ from sip_bridge.offer_answer import MediaConfig, NegotiatedMedia
 from sip_bridge.rtp_ports import RtpPortPool
 from sip_bridge.transaction import SendMessage
 from sip_bridge.transport import Received, SipTransport
-from sip_bridge.uac import CallAnswered, CallEnded, CallFailed, OutboundCall, UacEvent, UacState
+from sip_bridge.uac import (
+    CallAnswered,
+    CallEnded,
+    CallFailed,
+    MediaChanged,
+    OutboundCall,
+    UacEvent,
+    UacState,
+)
 
 __all__ = ["CallOptions", "CallResult", "place_call"]
+
+log = logging.getLogger(__name__)
 
 AGENT_RATE = 24000
 
@@ -41,7 +53,8 @@ class CallOptions:
     play: Path
     record: Path
     duration_s: float | None = None  # after answer; default: the file's length + tail_s
-    dtmf: str = ""  # digits sent as SIP INFO, 0.5 s after answer, 0.3 s apart
+    dtmf: str = ""  # digits sent 0.5 s after answer, 0.3 s apart (RFC 4733, else SIP INFO)
+    telephone_event: bool = True  # offer RFC 4733 telephone-event in our SDP
     rtp_ports: tuple[int, int] = (40000, 40999)
     answer_timeout_s: float = 30.0
     tail_s: float = 1.0
@@ -98,7 +111,7 @@ async def place_call(opts: CallOptions) -> CallResult:
         opts.target,
         sip.local,
         dest,
-        MediaConfig(host, lease.port),
+        MediaConfig(host, lease.port, telephone_event=opts.telephone_event),
         answer_timeout_s=opts.answer_timeout_s,
     )
     media: CallMedia | None = None
@@ -109,8 +122,11 @@ async def place_call(opts: CallOptions) -> CallResult:
     def later(delay: float, item: str) -> None:
         timers.append(loop.call_later(delay, inbox.put_nowait, item))
 
-    def on_agent_event(_event: object) -> None:
-        inbox.put_nowait("hangup")  # the agent's only event is a hang-up request
+    def on_agent_event(event: AgentEvent) -> None:
+        if isinstance(event, HangupEvent):
+            inbox.put_nowait("hangup")
+        elif isinstance(event, DtmfEvent):  # not negotiated in-band: SIP INFO instead
+            inbox.put_nowait(f"info:{event.digit}")
 
     try:
         events: list[UacEvent] = uac.start(loop.time())
@@ -120,14 +136,7 @@ async def place_call(opts: CallOptions) -> CallResult:
                     sip.send_nowait(ev.data, ev.destination, ev.transport)
                 elif isinstance(ev, CallAnswered):
                     answered = ev
-                    params = MediaParams(
-                        ev.media.remote_address,
-                        ev.media.remote_port,
-                        payload_type=ev.media.payload_type,
-                        telephone_event_pt=ev.media.recv_telephone_event_pt,
-                        ptime_ms=ev.media.ptime,
-                        latch=ev.media.remote_is_private,
-                    )
+                    params = _media_params(ev.media)
                     info = CallInfo(uac.dialog.call_id if uac.dialog else "", callee=opts.target)
                     media = CallMedia(
                         agent, pool, params, info, on_agent_event=on_agent_event, lease=lease
@@ -139,6 +148,11 @@ async def place_call(opts: CallOptions) -> CallResult:
                     later(duration, "hangup")
                     for i, digit in enumerate(opts.dtmf):
                         later(0.5 + 0.3 * i, f"dtmf:{digit}")
+                elif isinstance(ev, MediaChanged) and media is not None:
+                    try:  # hold, unhold, a new address: the callee re-INVITEd
+                        media.update(_media_params(ev.media))
+                    except ValueError as exc:  # e.g. a ptime change: keep the current media
+                        log.warning("media change not applied: %s", exc)
                 elif isinstance(ev, CallFailed):
                     result = CallResult(False, ev.status, ev.reason, 0.0)
                 elif isinstance(ev, CallEnded) and answered is not None:
@@ -158,9 +172,11 @@ async def place_call(opts: CallOptions) -> CallResult:
                 events = uac.receive(item.data, item.source, now)
             elif item == "hangup":
                 events = uac.hangup(now)
+            elif isinstance(item, str) and item.startswith("dtmf:") and media is not None:
+                media.send_dtmf(item[5:])  # RFC 4733, or back to us as "info:"
             elif (
                 isinstance(item, str)
-                and item.startswith("dtmf:")
+                and item.startswith("info:")
                 and uac.state is UacState.CONFIRMED
             ):
                 events = uac.send_dtmf_info(item[5:], now)
@@ -175,3 +191,18 @@ async def place_call(opts: CallOptions) -> CallResult:
         await sip.close()
     recorded = agent.save(opts.record) if answered is not None else 0.0
     return CallResult(result.answered, result.status, result.reason, recorded, result.media)
+
+
+def _media_params(neg: NegotiatedMedia) -> MediaParams:
+    """What the call's media runs with, from an offer/answer outcome."""
+    return MediaParams(
+        neg.remote_address,
+        neg.remote_port,
+        payload_type=neg.payload_type,
+        telephone_event_pt=neg.recv_telephone_event_pt,
+        send_telephone_event_pt=neg.telephone_event_pt,
+        ptime_ms=neg.ptime,
+        latch=neg.remote_is_private,
+        send=neg.can_send,
+        receive=neg.can_receive,
+    )

@@ -377,6 +377,7 @@ class BridgeServer:
             neg.remote_port,
             payload_type=neg.payload_type,
             telephone_event_pt=neg.recv_telephone_event_pt,
+            send_telephone_event_pt=neg.telephone_event_pt,
             ptime_ms=neg.ptime,
             latch=latch,
             jitter_min_ms=self.config.jitter.min_delay_ms,

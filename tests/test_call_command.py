@@ -54,7 +54,8 @@ def _config() -> BridgeConfig:
     )
 
 
-def test_call_records_the_tone_echoed_by_the_bridge(tmp_path: Path) -> None:
+@pytest.mark.parametrize("rfc4733", [True, False])
+def test_call_records_the_tone_echoed_by_the_bridge(tmp_path: Path, rfc4733: bool) -> None:
     play, record = tmp_path / "tone.wav", tmp_path / "heard.wav"
     _tone_wav(play)
 
@@ -79,6 +80,7 @@ def test_call_records_the_tone_echoed_by_the_bridge(tmp_path: Path) -> None:
                 record,
                 duration_s=2.8,
                 dtmf="12#",
+                telephone_event=rfc4733,
                 rtp_ports=(44200, 44299),
                 local_host="127.0.0.1",
             )
@@ -92,9 +94,11 @@ def test_call_records_the_tone_echoed_by_the_bridge(tmp_path: Path) -> None:
     assert result.answered and result.status == 200, result
     assert result.media is not None and result.media.codec == "PCMU"
     assert stats == {"offered": 1, "established": 1, "ended": 1}  # our BYE ended it
-    # The digits went as SIP INFO and reached the far end's agent.
-    digits = [e.digit for e in agents[0].events if isinstance(e, DtmfEvent)]
-    assert digits == ["1", "2", "#"]
+    # The digits reached the far end's agent: as RFC 4733 when negotiated (100 ms key
+    # presses, timed by the events), else as SIP INFO (no duration reaches the agent).
+    keys = [e for e in agents[0].events if isinstance(e, DtmfEvent)]
+    assert [e.digit for e in keys] == ["1", "2", "#"]
+    assert [e.duration_ms for e in keys] == [100.0 if rfc4733 else 0.0] * 3
     pcm, rate = _read_wav(record)
     assert rate == 8000
     assert 2.6 <= pcm.size / rate <= 3.2

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from sipp_runner import finish, free_port, run_sipp, start_sipp
 
@@ -43,7 +44,7 @@ def test_bridge_registers_through_423_and_digest_then_unregisters(tmp_path: Path
     )
     config = _config(tmp_path, trunk)
 
-    async def main() -> tuple[dict[str, object], str]:
+    async def main() -> tuple[dict[str, Any], str]:
         sipp = await start_sipp("uas_registrar_challenge.xml", None, "-p", str(registrar_port),
                                 "-m", "1", timeout=40)  # fmt: skip
         await asyncio.sleep(0.3)  # sipp binds its port
@@ -51,7 +52,7 @@ def test_bridge_registers_through_423_and_digest_then_unregisters(tmp_path: Path
         await server.start()
         try:
             for _ in range(100):
-                st = server.status()["registrations"][0]  # type: ignore[index]
+                st = server.status()["registrations"][0]
                 if st["state"] == "registered":
                     break
                 await asyncio.sleep(0.1)

@@ -66,9 +66,11 @@ def test_challenge_then_registered_then_refreshed_before_expiry() -> None:
     assert status["state"] == "registered" and status["expires_in_s"] == 600.0
     assert status["aor"] == "sip:4420@192.0.2.1" and status["last_error"] is None
     sent: list[SipRequest] = []
+    at = 0.0
     while not sent:  # Timer K of the finished transactions fires first: nothing to send
-        at = regs.next_deadline()
-        assert at is not None
+        deadline = regs.next_deadline()
+        assert deadline is not None
+        at = deadline
         sent = _sent(regs.tick(at))
     assert 300 <= at <= 600 - 30  # refreshed ahead of expiry
     (refresh,) = sent
