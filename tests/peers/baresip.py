@@ -16,15 +16,17 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from peers.support import LineReader, free_udp_port
+from peers.support import LineReader, ShellPeer, free_udp_port
 
 BARESIP = shutil.which("baresip")
 # What baresip prints for each telephone-event it decoded; end=1 once per key press.
 RECEIVED_KEY = re.compile(r"received event: '(.)' \(end=1\)")
 
 
-class Baresip:
+class Baresip(ShellPeer):
     """One baresip process; `send` a command, `wait_for` what it prints."""
+
+    QUIT = "/quit"
 
     def __init__(self, home: Path, play: Path, autoanswer: bool = False, max_s: int = 40) -> None:
         assert BARESIP is not None, "baresip not found: run `make setup` (apt baresip-core)"
@@ -64,17 +66,6 @@ class Baresip:
     def uri(self) -> str:
         return f"sip:tester@127.0.0.1:{self.sip_port}"
 
-    def send(self, command: str) -> int:
-        """Type one command line; returns the output line count before it, for `wait_for`."""
-        mark = len(self.reader.lines)
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return mark
-
-    def wait_for(self, pattern: str, timeout: float = 10.0, start: int = 0) -> str:
-        return self.reader.wait_for(pattern, timeout, start).group(0)
-
     def keys_received(self) -> list[str]:
         """The DTMF keys baresip decoded from RFC 4733 telephone-events, in order."""
         return [m.group(1) for m in map(RECEIVED_KEY.search, self.reader.lines) if m]
@@ -92,13 +83,3 @@ class Baresip:
         """The WAV `sndfile` wrote of what baresip decoded (one call per instance)."""
         [path] = self.home.glob("dump-*-dec.wav")
         return path
-
-    def close(self) -> None:
-        """Quit (killing it if it will not), so the WAVs it recorded are complete."""
-        try:
-            if self.proc.poll() is None:
-                self.send("/quit")
-                self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(timeout=5)

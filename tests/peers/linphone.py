@@ -14,12 +14,12 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from peers.support import LineReader, free_udp_port
+from peers.support import LineReader, ShellPeer, free_udp_port
 
 LINPHONEC = shutil.which("linphonec")
 
 
-class Linphonec:
+class Linphonec(ShellPeer):
     """One linphonec process; `send` a command, `wait_for` what it prints."""
 
     def __init__(self, home: Path, play: Path, record: Path, autoanswer: bool = False) -> None:
@@ -69,24 +69,3 @@ class Linphonec:
     @property
     def uri(self) -> str:
         return f"sip:lin@127.0.0.1:{self.sip_port}"
-
-    def send(self, command: str) -> int:
-        """Type one line; returns the output line count before it, a start for `wait_for`."""
-        mark = len(self.reader.lines)
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(command + "\n")
-        self.proc.stdin.flush()
-        return mark
-
-    def wait_for(self, pattern: str, timeout: float = 10.0, start: int = 0) -> str:
-        return self.reader.wait_for(pattern, timeout, start).group(0)
-
-    def close(self) -> None:
-        """Quit (killing it if it will not), so the WAV it recorded is complete."""
-        try:
-            if self.proc.poll() is None:
-                self.send("quit")
-                self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(timeout=5)

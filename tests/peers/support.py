@@ -244,6 +244,39 @@ class LineReader:
             return "\n".join(self.lines)
 
 
+class ShellPeer:
+    """A softphone driven by typing commands on its stdin (baresip, linphonec).
+
+    Subclasses start ``self.proc`` (text mode, stdin/stdout pipes), set ``self.reader`` and
+    name the command that makes them exit in ``QUIT``.
+    """
+
+    QUIT = "quit"
+    proc: subprocess.Popen[str]
+    reader: LineReader
+
+    def send(self, command: str) -> int:
+        """Type one line; returns the output line count before it, a start for `wait_for`."""
+        mark = len(self.reader.lines)
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return mark
+
+    def wait_for(self, pattern: str, timeout: float = 10.0, start: int = 0) -> str:
+        return self.reader.wait_for(pattern, timeout, start).group(0)
+
+    def close(self) -> None:
+        """Quit (killing it if it will not), so the WAVs it recorded are complete."""
+        try:
+            if self.proc.poll() is None:
+                self.send(self.QUIT)
+                self.proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
     """Poll `cond()` every 50 ms until true; AssertionError after `timeout` s."""
     deadline = time.monotonic() + timeout
