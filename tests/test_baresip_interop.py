@@ -22,10 +22,10 @@ from peers.support import (
     BridgeThread,
     HearingBridgeThread,
     assert_tone,
+    bridge_calls,
     bridge_config,
     dominant_hz,
     frame_rms,
-    free_udp_port,
     loud_runs,
     peak_level,
     read_wav,
@@ -177,15 +177,7 @@ def test_bridge_calls_baresip_audio_both_ways_and_dtmf(tmp_path: Path) -> None:
     write_tone(theirs, 1100, seconds=10.0)
     phone = Baresip(tmp_path / "baresip", theirs, autoanswer=True)
     try:
-        low = free_udp_port(even=True)
-        caller = subprocess.run(
-            [
-                sys.executable, "-m", "sip_bridge.cli", "call", phone.uri,
-                "--play", str(ours), "--record", str(bridge_heard),
-                "--duration", "3", "--dtmf", "47", "--rtp-ports", f"{low}-{low + 1}",
-            ],
-            capture_output=True, text=True, timeout=30, cwd=ROOT,
-        )  # fmt: skip
+        caller = bridge_calls(phone.uri, ours, bridge_heard, dtmf="47")
         phone.wait_for("terminated")
     finally:
         phone.close()

@@ -9,21 +9,19 @@ the bridge's live media state and by the echo coming back after resume.
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 from peers.linphone import Linphonec
 from peers.support import (
     BridgeThread,
     assert_tone,
+    bridge_calls,
     dominant_hz,
-    free_udp_port,
     loud_runs,
     read_wav,
     running_bridge,
+    wait_until,
     write_tone,
 )
 
@@ -46,14 +44,6 @@ def _hang_up(phone: Linphonec) -> None:
 def _tones(phone: Linphonec) -> list[str]:
     """The DTMF keys linphonec reported receiving ("Receiving tone 5 from sip:...")."""
     return [m.group(1) for m in map(TONE.search, phone.reader.lines) if m]
-
-
-def _until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
-    """Poll `cond()` every 50 ms until true; AssertionError after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def test_linphone_calls_the_echo_agent_hears_its_tone_and_its_digits_arrive(
@@ -94,7 +84,7 @@ def test_linphone_pause_holds_the_bridge_and_resume_brings_the_echo_back(
             pre_pause_s = time.monotonic() - up
             mark = phone.send("pause")
             phone.wait_for(r"Call \d+ with .* is now paused", start=mark)
-            _until(lambda: not bridge.live_stats()[0].sending)
+            wait_until(lambda: not bridge.live_stats()[0].sending)
             [held] = bridge.live_stats()
             assert held.receiving, "the bridge must keep receiving while held"
             time.sleep(0.6)
@@ -102,7 +92,7 @@ def test_linphone_pause_holds_the_bridge_and_resume_brings_the_echo_back(
             assert held_later.packets_out - held.packets_out <= 1, "RTP sent while on hold"
             mark = phone.send("resume")
             phone.wait_for(r"Resuming call \d+", start=mark)
-            _until(lambda: bridge.live_stats()[0].sending)
+            wait_until(lambda: bridge.live_stats()[0].sending)
             time.sleep(2.0)
             [after] = bridge.live_stats()
             assert after.receiving and after.packets_out > held_later.packets_out + 50
@@ -144,15 +134,7 @@ def test_bridge_calls_linphone_audio_both_ways_and_dtmf(tmp_path: Path) -> None:
     write_tone(theirs, 1100)
     phone = Linphonec(tmp_path / "lin", theirs, phone_heard, autoanswer=True)
     try:
-        low = free_udp_port(even=True)
-        caller = subprocess.run(
-            [
-                sys.executable, "-m", "sip_bridge.cli", "call", phone.uri,
-                "--play", str(ours), "--record", str(bridge_heard),
-                "--duration", "3", "--dtmf", "47", "--rtp-ports", f"{low}-{low + 1}",
-            ],
-            capture_output=True, text=True, timeout=30, cwd=ROOT,
-        )  # fmt: skip
+        caller = bridge_calls(phone.uri, ours, bridge_heard, dtmf="47")
         phone.wait_for(r"Call \d+ with .* ended")
     finally:
         phone.close()

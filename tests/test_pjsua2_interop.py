@@ -19,6 +19,7 @@ from typing import Any
 from peers.support import (
     LineReader,
     assert_tone,
+    bridge_calls,
     dominant_hz,
     free_udp_port,
     loud_runs,
@@ -145,15 +146,8 @@ def test_bridge_calls_pjsua_audio_both_ways_and_dtmf(tmp_path: Path) -> None:
     proc, reader = _peer(tmp_path, play=theirs)
     try:
         port = int(reader.wait_for(r'"listening".*"port": (\d+)', timeout=15).group(1))
-        low = free_udp_port(even=True)
-        caller = subprocess.run(
-            [
-                sys.executable, "-m", "sip_bridge.cli", "call", f"sip:peer@127.0.0.1:{port}",
-                "--play", str(ours), "--record", str(tmp_path / "bridge_heard.wav"),
-                "--duration", "3", "--dtmf", "47", "--rtp-ports", f"{low}-{low + 1}",
-            ],
-            capture_output=True, text=True, timeout=30, cwd=ROOT,
-        )  # fmt: skip
+        uri = f"sip:peer@127.0.0.1:{port}"
+        caller = bridge_calls(uri, ours, tmp_path / "bridge_heard.wav", dtmf="47")
     finally:
         events = _finish(proc, reader)
     assert caller.returncode == 0, caller.stdout + caller.stderr

@@ -13,6 +13,7 @@ import random
 import re
 import socket
 import subprocess
+import sys
 import threading
 import time
 import wave
@@ -33,6 +34,8 @@ from sip_bridge.server import BridgeServer
 T = TypeVar("T")
 RATE = 8000
 FRAME = 160  # 20 ms at 8 kHz
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_tone(path: Path, freq: float, seconds: float = 3.0, level: float = 0.3) -> None:
@@ -275,6 +278,19 @@ class ShellPeer:
         except (OSError, subprocess.TimeoutExpired):
             self.proc.kill()
             self.proc.wait(timeout=5)
+
+
+def bridge_calls(
+    uri: str, play: Path, record: Path, duration_s: float = 3.0, dtmf: str = ""
+) -> subprocess.CompletedProcess[str]:
+    """``sip-bridge call URI`` as an operator runs it, on a free pair of RTP ports."""
+    low = free_udp_port(even=True)
+    cmd = [
+        sys.executable, "-m", "sip_bridge.cli", "call", uri,
+        "--play", str(play), "--record", str(record), "--duration", str(duration_s),
+        "--rtp-ports", f"{low}-{low + 1}", *(["--dtmf", dtmf] if dtmf else []),
+    ]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=30, cwd=ROOT, check=False)
 
 
 def wait_until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
