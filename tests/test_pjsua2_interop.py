@@ -8,26 +8,39 @@ DTMF by the digits the far side reported, hold by the bridge's live media state.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
+import logging
+import re
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pytest
+from numpy.typing import NDArray
 from peers.support import (
     LineReader,
     assert_tone,
     bridge_calls,
+    bridge_config,
     dominant_hz,
     free_udp_port,
     loud_runs,
     read_wav,
+    running_agent_bridge,
     running_bridge,
     steady_tone,
+    wait_until,
     write_tone,
 )
+
+from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, TransferRequest, TransferResult
+from agent.echo import EchoAgent
+from sip_bridge.config import BridgeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = Path(__file__).parent / "peers" / "pjsua_peer.py"
@@ -156,3 +169,105 @@ def test_bridge_calls_pjsua_audio_both_ways_and_dtmf(tmp_path: Path) -> None:
     assert [e["digit"] for e in events if e["ev"] == "dtmf"] == ["4", "7"]
     assert_tone(tmp_path / "bridge_heard.wav", 1100)
     assert_tone(tmp_path / "peer_heard.wav", 500)
+
+
+class TransferringAgent(Agent):
+    """Says nothing; asks for a transfer to ``target`` once it heard ``after_s`` of call."""
+
+    name = "transfer-test"
+    sample_rate = 8000
+
+    def __init__(self, target: str, after_s: float = 1.0) -> None:
+        self.target = target
+        self.after = int(after_s * self.sample_rate)
+        self.heard = 0
+        self.output: AgentOutput | None = None
+        self.events: list[AgentEvent] = []
+
+    async def start(self, call: CallInfo, output: AgentOutput) -> None:
+        self.output = output
+
+    def on_audio(self, pcm: NDArray[np.int16]) -> None:
+        before, self.heard = self.heard, self.heard + int(pcm.size)
+        if before < self.after <= self.heard and self.output is not None:
+            self.output.emit(TransferRequest(self.target))
+
+    def on_event(self, event: AgentEvent) -> None:
+        self.events.append(event)
+
+
+def _transfer_call(
+    tmp: Path, caplog: pytest.LogCaptureFixture, config: BridgeConfig | None = None
+) -> tuple[list[TransferResult], dict[str, int], list[dict[str, Any]], list[tuple[str, str]], str]:
+    """pjsua2 calls the bridge, whose first agent transfers it to the bridge's echo user.
+
+    Returns the first agent's TransferResults, the bridge's call counts, the peer's events,
+    the (outcome, reason) the bridge logged for each step of the transfer (the REFER's 202,
+    then one per NOTIFY, whose reason starts with the sipfrag's status) and the target.
+    """
+    tone = tmp / "tone.wav"
+    write_tone(tone, 700)
+    caplog.set_level(logging.INFO, logger="sip_bridge.server")
+    target: list[str] = []
+
+    def agent(n: int) -> Agent:
+        return TransferringAgent(target[0]) if n == 0 else EchoAgent(delay_s=0.3)
+
+    with running_agent_bridge(agent, config) as bridge:
+        target.append(f"sip:echo@127.0.0.1:{bridge.server.port}")
+        proc, reader = _peer(
+            tmp, "--call", bridge.uri, "--rtp-range", "10", "--at", "4.5", "hangup", play=tone
+        )
+        events = _finish(proc, reader)
+        wait_until(lambda: bridge.run(lambda: not bridge.server.calls))
+        first = bridge.made[0]
+        assert isinstance(first, TransferringAgent)
+        results = bridge.run(lambda: [e for e in first.events if isinstance(e, TransferResult)])
+        stats = bridge.stats()
+    logged = [
+        (m.group(1), m.group(2))
+        for r in caplog.records
+        if (m := re.search(r": transfer to \S+ (\w+) \((.*)\)$", r.getMessage()))
+    ]
+    return results, stats, events, logged, target[0]
+
+
+def test_pjsua_accepts_the_bridges_refer_and_calls_the_target(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    results, stats, events, logged, target = _transfer_call(tmp_path, caplog)
+    # The bridge: one outcome for the agent, from pjsua's NOTIFYs (sipfrag 100, then 200).
+    assert [(r.outcome, r.status, r.target) for r in results] == [("succeeded", 200, target)]
+    assert logged[0] == ("trying", "REFER accepted") and logged[-1][0] == "succeeded", logged
+    notified = [int(reason[:3]) for _, reason in logged[1:]]
+    assert notified[0] == 100 and notified[-1] == 200 and notified == sorted(notified), logged
+    # Both calls were answered by the bridge and are over: the transferred one, hung up by
+    # pjsua once the new call was up, and the new one (the echo agent), by its timed hangup.
+    assert stats == {"offered": 2, "established": 2, "ended": 2}
+    # pjsua: the REFER named the target; call 1 reached CONFIRMED, then call 0 hung up.
+    [request] = [e for e in events if e["ev"] == "xfer_request"]
+    assert target in request["dst"] and request["code"] == 202 and request["call"] == 0
+    states = [(e["call"], e["state"]) for e in events if e["ev"] == "state"]
+    assert (1, "CONFIRMED") in states and states[-1] == (1, "DISCONNECTED"), states
+    assert states.index((1, "CONFIRMED")) < states.index((0, "DISCONNECTED")), states
+    hung = [e for e in events if e["ev"] == "action" and e["action"] == "hangup-transferred"]
+    assert [e["call"] for e in hung] == [0]
+    # The transferring agent said nothing: the tone pjsua heard is its echo on the new call.
+    assert_tone(tmp_path / "peer_heard.wav", 700)
+
+
+def test_a_target_that_refuses_makes_the_transfer_fail_with_its_status(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    config = bridge_config()
+    config = dataclasses.replace(config, sip=dataclasses.replace(config.sip, max_calls=1))
+    results, stats, events, logged, target = _transfer_call(tmp_path, caplog, config)
+    # The bridge is full: it refused the transferred call with 503; pjsua NOTIFYs that sipfrag.
+    assert [(r.outcome, r.status, r.target) for r in results] == [("failed", 503, target)]
+    assert logged[-1] == ("failed", "503 Service Unavailable"), logged
+    assert stats == {"offered": 1, "established": 1, "ended": 1}
+    states = [(e["call"], e["state"], e["code"]) for e in events if e["ev"] == "state"]
+    assert (1, "DISCONNECTED", 503) in states, states
+    # The caller stayed on the original call until its own hangup.
+    assert states[-1][:2] == (0, "DISCONNECTED"), states
+    assert not [e for e in events if e["ev"] == "action" and e["action"] == "hangup-transferred"]

@@ -334,3 +334,32 @@ class HearingBridgeThread(BridgeThread):
 
     def _hearing(self) -> list[HearingEchoAgent]:
         return [a for a in self.agents if isinstance(a, HearingEchoAgent)]
+
+
+class AgentBridgeThread(BridgeThread):
+    """A BridgeThread whose agents come from ``factory(n)``, n counting its calls from 0,
+    so a test can give each call its own agent (a transferring one, then an echo)."""
+
+    def __init__(self, factory: Callable[[int], Agent], config: BridgeConfig | None = None) -> None:
+        self.factory = factory
+        self.made: list[Agent] = []
+        super().__init__(config)
+
+    def _agent(self, config: BridgeConfig) -> Agent:
+        agent = self.factory(len(self.made))
+        self.made.append(agent)
+        if isinstance(agent, EchoAgent):
+            self.agents.append(agent)
+        return agent
+
+
+@contextmanager
+def running_agent_bridge(
+    factory: Callable[[int], Agent], config: BridgeConfig | None = None
+) -> Iterator[AgentBridgeThread]:
+    bridge = AgentBridgeThread(factory, config)
+    bridge.start()
+    try:
+        yield bridge
+    finally:
+        bridge.stop()
