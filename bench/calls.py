@@ -132,6 +132,15 @@ def call_row(s: MediaStats) -> dict[str, float]:
         "underrun": s.playout_underrun_frames,
         "send_errors": s.send_errors,
         "agent_errors": s.agent_errors,
+        "jb_target": s.jitter.target_delay_ms,
+        "jb_delay": s.jitter.current_delay_ms,
+        "pop_after_due": s.pop_after_due_ms,
+        "held": s.held_frames,
+        "held_max": s.held_wait_max_ms,
+        "spurts": s.talkspurts,
+        "ffd_p50": s.first_frame_delay_p50_ms,
+        "ffd_p99": s.first_frame_delay_p99_ms,
+        "ffd_max": s.first_frame_delay_max_ms,
     }
 
 
@@ -159,10 +168,31 @@ def media_figures(rows: list[dict[str, float]]) -> dict[str, Any]:
         "packets_in": total("packets_in"),
         "rx_late_pct": round(100 * total("rx_late") / max(1, rx), 4),
         "rx_lost_pct": round(100 * total("rx_lost") / max(1, rx + total("rx_lost")), 4),
+        # The jitter buffer's target and its delay at the last pop (the pop's own clock).
+        "jb_target_delay_ms_mean": round(float(np.mean([r["jb_target"] for r in rows])), 2),
+        "jb_delay_ms_mean": round(float(np.mean([r["jb_delay"] for r in rows])), 2),
+        "pop_after_due_ms_mean": round(float(np.mean([r["pop_after_due"] for r in rows])), 2),
         "rx_concealed_pct": round(100 * total("concealed") / max(1, rx), 4),
         "playout_underrun_frames": total("underrun"),
+        # Frames an echo's late receive pop made wait past their slot (not pacing lateness).
+        "held_frames_pct": round(100 * total("held") / max(1, sent), 4),
+        "held_wait_max_ms": round(float(max(r["held_max"] for r in rows)), 3),
+        # Agent write -> first packet of each talkspurt (an echo call has one, at its start):
+        # p50 is the median of the calls' medians, p99 the 99th percentile of their maxima.
+        "first_frame_delay_ms": _first_frame_delay([r for r in rows if r.get("spurts")]),
         "send_errors": total("send_errors"),
         "agent_errors": total("agent_errors"),
+    }
+
+
+def _first_frame_delay(rows: list[dict[str, float]]) -> dict[str, Any] | None:
+    if not rows:
+        return None
+    return {
+        "p50": round(float(np.median([r["ffd_p50"] for r in rows])), 3),
+        "p99": round(float(np.percentile([r["ffd_max"] for r in rows], 99)), 3),
+        "max": round(float(max(r["ffd_max"] for r in rows)), 3),
+        "talkspurts": int(sum(r["spurts"] for r in rows)),
     }
 
 

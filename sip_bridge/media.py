@@ -1,23 +1,17 @@
 """One call's media: an RTP socket, the receive chain into the agent, the paced send chain.
 
-The decisions live in three small sans-I/O pieces (datagrams and a clock in, state and
-decisions out), so they can be tested without sockets:
-
-* :class:`RtpReceiver`: parse (a malformed datagram is counted and dropped, never raised),
-  source filtering with optional symmetric-RTP latching, SSRC and payload-type filtering,
-  G.711 decode into the :class:`~jitter.JitterBuffer`, RFC 4733 DTMF, RFC 3389 CN.
-* :func:`next_tick`: the receive side's pop clock, a 20 ms step nudged by at most 5 ms toward
-  ``JitterBuffer.due_s`` (no waiting for a fixed grid's phase; follows a drifting sender).
-* :class:`Pacer`: absolute deadlines ``t0 + k * ptime`` on the monotonic clock (sleeps never
-  accumulate, so no drift); a late wake sends the frames that are due back to back, up to
-  ``max_burst``; further behind, the oldest are skipped so the call does not lag for good.
+Its decisions live in small sans-I/O pieces (datagrams and a clock in, decisions out),
+tested without sockets: :class:`RtpReceiver` (parse, filter, latch, decode, DTMF, CN),
+:func:`next_tick` (the receive pops' clock, following ``JitterBuffer.due_s``) and
+:class:`Pacer` (absolute send deadlines with bounded catch-up, no drift).
 
 :class:`CallMedia` holds one call's state and stages; the process-wide
 :class:`~sip_bridge.media_clock.MediaClock` runs them for every call on one timer, batching
 the DSP across calls. Silence choice: when the agent has nothing to say we keep sending
 encoded G.711 silence (no DTX): carriers and PBXs hang up on RTP timeouts, NAT pinholes stay
-open, and comfort noise may not have been negotiated. A talkspurt's first packet carries the
-marker bit and re-phases the grid (see :meth:`CallMedia._talkspurt_ready`). RFC 4733 keys the
+open, and comfort noise may not have been negotiated. A talkspurt's first frame (agent audio
+written while the call sends silence) is encoded and sent in the write itself, with the marker
+bit, and the call's grid restarts there (:meth:`CallMedia._start_talkspurt`). RFC 4733 keys the
 agent sends (:meth:`CallMedia.send_dtmf`) take the place of audio frames on the same SSRC
 and sequence space; queued audio waits while an event plays.
 """
@@ -29,6 +23,7 @@ import ipaddress
 import logging
 import socket
 import time
+from collections import deque
 from collections.abc import Callable
 
 import numpy as np
@@ -37,8 +32,8 @@ from numpy.typing import NDArray
 from agent.base import Agent, AgentEvent, CallInfo, DtmfEvent, HangupEvent
 from jitter import JitterBuffer, PlayoutBuffer
 from resample import Resampler
-from sip_bridge.dtmf import DtmfDigit, DtmfOutbox, DtmfReceiver
-from sip_bridge.media_clock import MediaClock, media_clock
+from sip_bridge.dtmf import DtmfDigit, DtmfReceiver
+from sip_bridge.media_clock import TICK_S, MediaClock, media_clock
 from sip_bridge.media_io import (
     AudioRtpSender,
     MediaOutput,
@@ -47,8 +42,9 @@ from sip_bridge.media_io import (
     RtpProtocol,
     reserve_rtp_port,
 )
-from sip_bridge.media_params import MediaParams, MediaStats
+from sip_bridge.media_params import MediaParams, MediaStats, delay_figures
 from sip_bridge.media_rtcp import RtcpLink, RtcpPeerStats, bind_rtcp, rtcp_remote
+from sip_bridge.media_update import apply_update, describe_chain, dtmf_outbox, queue_dtmf
 from sip_bridge.pacer import Pacer, next_tick
 from sip_bridge.rtcp import NTP_UNIX_OFFSET
 from sip_bridge.rtcp_session import RtcpSession
@@ -72,8 +68,8 @@ log = logging.getLogger(__name__)
 TxFrame = tuple["CallMedia", NDArray[np.int16], tuple[str, int]]
 
 
-def _khz(rate: int) -> str:
-    return f"{rate / 1000:g}k"
+_LEAD_FRAMES = 10  # a talkspurt's send phase may move earlier during its first frames only
+_POP_LAG_S = 0.0002  # float slack: a pop on the grid point at due_s is not before it
 
 
 class CallMedia:
@@ -102,9 +98,8 @@ class CallMedia:
         self.jb = JitterBuffer(
             RATE, params.ptime_ms, params.jitter_min_ms, params.jitter_max_ms, follows_due=True
         )
-        dtmf = None
-        if params.telephone_event_pt is not None:
-            dtmf = DtmfReceiver(params.telephone_event_pt, RATE)
+        pt = params.telephone_event_pt
+        dtmf = None if pt is None else DtmfReceiver(pt, RATE)
         remote = addr_key(params.remote_host, params.remote_port)
         self.receiver = RtpReceiver(self.jb, self.codec, params.payload_type, remote)
         self.receiver.latch = params.latch
@@ -120,7 +115,7 @@ class CallMedia:
         self.playout = PlayoutBuffer(RATE, params.ptime_ms, max_ms=params.max_queue_ms)
         self.pacer = Pacer(params.ptime_ms / 1000.0)
         self.sender = AudioRtpSender(params.payload_type)
-        self.dtmf_out = self._dtmf_outbox(params)
+        self.dtmf_out = dtmf_outbox(self, params)
         self.output = MediaOutput(self)
         self.send_errors = 0
         self.agent_errors = 0
@@ -136,28 +131,19 @@ class CallMedia:
         self._pending: list[NDArray[np.int16]] = []  # agent audio not yet downsampled
         self._pending_samples = 0
         self._talking = False
-        self._wake_pending = False
-        self._wake_since: float | None = None  # when queued speech first waited to start
+        self._wake_pending = False  # a talkspurt waits for the clock (not started, DTMF)
+        self._spurt_t: float | None = None  # when the waiting talkspurt's audio was written
+        self._spurt_go = False  # the frame being sent starts a talkspurt
+        self._spurt_pkt = 0  # packets sent before the talkspurt began
+        self._held = False  # the due frame waits for the receive pop (see _holds)
+        self.hold_s = TICK_S  # how far a frame may wait for its pop: the clock's tick
+        self.first_frame_delays: deque[float] = deque(maxlen=1000)  # s, write -> sendto
+        self._pop_wait = [0.0, 0]  # sum of (pop time - due_s) in seconds, pops counted
         self._closed = False
 
     # -- description and stats --------------------------------------------------------------
 
-    def describe(self) -> str:
-        """The chain as one line, built from the configured stages."""
-        p = self.params
-        codec = self.codec.name
-        stages = [
-            "RTP in",
-            f"JitterBuffer(adaptive {p.jitter_min_ms:g}..{p.jitter_max_ms:g} ms)",
-            f"G711Decode({codec})",
-        ]
-        if self._up is not None:
-            stages.append(f"Resample({_khz(self._up.in_rate)}->{_khz(self._up.out_rate)})")
-        stages.append(f"Agent({self.agent.name})")
-        if self._down is not None:
-            stages.append(f"Resample({_khz(self._down.in_rate)}->{_khz(self._down.out_rate)})")
-        stages += [f"G711Encode({codec})", f"Pacer({self.playout.frame_ms} ms)", "RTP out"]
-        return " -> ".join(stages)
+    describe = describe_chain  # the chain as one line, built from the configured stages
 
     @property
     def local_port(self) -> int:
@@ -183,6 +169,8 @@ class CallMedia:
             rtcp=self.rtcp.stats if self.rtcp is not None else RtcpPeerStats(),
             sending=self.params.send,
             receiving=self.params.receive,
+            pop_after_due_ms=1000.0 * self._pop_wait[0] / max(1, self._pop_wait[1]),
+            **delay_figures(self.first_frame_delays),
         )
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -221,6 +209,8 @@ class CallMedia:
         t0 = self._clock.add(self)
         self._rx_t = t0
         self.pacer.start(t0)
+        if self._wake_pending:  # the agent spoke in start(): now it can go out
+            self._start_talkspurt()
         return self._lease.port
 
     def _close_sockets(self) -> None:
@@ -232,42 +222,8 @@ class CallMedia:
             self._lease.close()
 
     def update(self, params: MediaParams) -> None:
-        """Apply a re-INVITE/UPDATE's outcome mid-call: address, codec, direction, RTCP.
-
-        The packet clock cannot change under a running pacer, so a new ptime is refused
-        (ValueError) and nothing is applied; the call keeps its current media.
-        """
-        old = self.params
-        if params.ptime_ms != old.ptime_ms:
-            raise ValueError(f"ptime change {old.ptime_ms} -> {params.ptime_ms} ms unsupported")
-        r = self.receiver
-        if params.payload_type != old.payload_type:
-            self.codec = CODECS[params.payload_type]
-            r.codec, r.payload_type = self.codec, params.payload_type
-            self.sender.payload_type = params.payload_type
-        if params.telephone_event_pt != old.telephone_event_pt:
-            pt = params.telephone_event_pt
-            r.dtmf = None if pt is None else DtmfReceiver(pt, RATE)
-        if params.dtmf_send_pt != old.dtmf_send_pt and (
-            self.dtmf_out is None or not self.dtmf_out.playing
-        ):
-            self.dtmf_out = self._dtmf_outbox(params)
-        moved = addr_key(params.remote_host, params.remote_port) != addr_key(
-            old.remote_host, old.remote_port
-        )
-        if moved or params.latch != old.latch:
-            r.remote = addr_key(params.remote_host, params.remote_port)
-            r.latch, r.latched = params.latch, False  # re-latch on the new stream
-        if self.rtcp is not None and (
-            moved or rtcp_remote(params) != rtcp_remote(old) or params.rtcp_mux != old.rtcp_mux
-        ):
-            self.rtcp.retarget(rtcp_remote(params), mux=params.rtcp_mux, latch=params.latch)
-        if params.send and not old.send:
-            self.sender.start_talkspurt()  # resuming after hold: marker bit
-        self.params = params
-        log.info(
-            "media updated: remote %s, send %s, receive %s", r.remote, params.send, params.receive
-        )
+        """Apply a re-INVITE/UPDATE's outcome mid-call (see :func:`apply_update`)."""
+        apply_update(self, params)
 
     async def close(self, reason: str = "") -> None:
         """Leave the clock, tell the agent the call is over, free the port (idempotent)."""
@@ -336,8 +292,15 @@ class CallMedia:
                 self._on_datagram(data, addr, arrival)
         if now - t > 1.0:
             t = now  # the loop stalled for a second: do not replay every missed tick
+        due = self.jb.due_s
         frame = self.jb.pop(t)
-        self._rx_t = next_tick(t, self._frame_s, self.jb.due_s)
+        if due is not None:
+            self._pop_wait[0] += now - due
+            self._pop_wait[1] += 1
+        # Pops happen on the first wake-up at or after _rx_t: keep it on the grid, so the
+        # buffer is told when it really pops, and no lag adds to the grid's own 0..5 ms.
+        nxt = next_tick(t, self._frame_s, self.jb.due_s, lag_s=_POP_LAG_S)
+        self._rx_t = self._clock.grid_at_or_after(nxt) if self._clock is not None else nxt
         return frame
 
     def _flush(self) -> float:
@@ -349,6 +312,7 @@ class CallMedia:
             self._down.reset()
         if self.dtmf_out is not None:
             self.dtmf_out.clear()
+        self._spurt_t = None
         return self.playout.flush() + pending_ms
 
     def _rx_deliver(self, pcm: NDArray[np.int16]) -> None:
@@ -368,11 +332,31 @@ class CallMedia:
             return
         self._pending.append(a)
         self._pending_samples += a.size
-        if not self._talking and not self._wake_pending:
-            queued = (
-                self.playout.queued_samples + self._pending_samples * RATE / self.agent.sample_rate
-            )
-            self._wake_pending = queued >= self.frame_samples
+        if self._talking:
+            return
+        if self._spurt_t is None:
+            self._spurt_t = time.monotonic()
+        if self._queued() >= self.frame_samples:
+            self._start_talkspurt()
+
+    def _queued(self) -> float:
+        """Samples (8 kHz) queued for sending, downsampled or not yet."""
+        return self.playout.queued_samples + self._pending_samples * RATE / self.agent.sample_rate
+
+    def _start_talkspurt(self) -> None:
+        """Send a talkspurt's first frame now, not on the next grid point: the latency budget
+        gives playout pacing 1 ms. The call's grid restarts on the clock's grid next to it
+        (:meth:`MediaClock.grid_after_write`), so the rest follows 20 ms apart."""
+        clock = self._clock
+        if clock is None or self._closed or (self.dtmf_out is not None and self.dtmf_out.busy):
+            self._wake_pending = True  # the clock (or start()) sends it when it can
+            return
+        self._wake_pending = False
+        now = clock.loop.time()
+        self._drain_one()
+        g = clock.grid_after_write(now, self.playout.queued_samples >= 2 * self.frame_samples)
+        self.pacer.rephase(g)
+        self._tx_tick(g, max(now, g))
 
     def _drain_one(self) -> None:
         """Pending agent audio into the playout buffer, one frame at a time: the
@@ -388,15 +372,26 @@ class CallMedia:
         self._pending.clear()
         self._pending_samples = 0
 
-    def _tx_tick(self, t: float, now: float, batch: list[TxFrame] | None = None) -> None:
+    def _tx_tick(self, t: float, now: float, batch: list[TxFrame] | None = None) -> bool:
         """Send the frames due at grid time ``t`` (``now`` >= t); audio frames go into
-        ``batch`` for the clock to encode for all calls at once (:meth:`_send_audio`)."""
+        ``batch`` for the clock to encode for all calls at once (:meth:`_send_audio`).
+        False: the frame is held for the receive pop that produces it (:meth:`_holds`)."""
         if self.dtmf_out is not None and self.dtmf_out.busy:
             batch = None  # event packets hold sequence numbers: send strictly in order
+        elif self._wake_pending and not self._talking:
+            self._wake_pending = False  # a talkspurt that could not start in the write
+            if self._queued() >= self.frame_samples:
+                self.pacer.rephase(t)
+        elif self._holds(t, now):
+            self._held = True
+            return False
         pacer = self.pacer
-        if self._wake_pending and self._talkspurt_ready(now):
-            clock = self._clock  # new talkspurt: on the quietest tick to come
-            pacer.rephase(clock.quiet_phase(t, self._frame_s) if clock is not None else t)
+        if self._held:
+            self._held = False
+            if t > pacer.next_deadline + 1e-6:  # held into a later tick: follow the producer
+                self._send_frame(self.receiver.remote, now, batch)
+                pacer.follow(t, now)
+                return True
         skip, deadlines = pacer.poll(now + 1e-6)
         if skip:
             for _ in range(skip):  # keep audio in step with the clock after a stall
@@ -405,21 +400,42 @@ class CallMedia:
         dest = self.receiver.remote
         for _ in deadlines:
             self._send_frame(dest, now, batch)
-
-    def _talkspurt_ready(self, now: float) -> bool:
-        """Start queued speech once a second frame is queued (a burst has it at once) or the
-        first waited a frame: that slack absorbs the drift between the call's receive and
-        send ticks, which would cut holes in a frame-by-frame stream (an echo)."""
-        queued = self.playout.queued_samples
-        if self._talking or queued < self.frame_samples:
-            self._wake_pending, self._wake_since = False, None
-            return False
-        if self._wake_since is None:
-            self._wake_since = now
-        if queued < 2 * self.frame_samples and now - self._wake_since < self._frame_s - 0.001:
-            return False
-        self._wake_pending, self._wake_since = False, None
         return True
+
+    def _after_pop(self, t: float) -> None:
+        """After a pop at grid time t, early in a talkspurt: a frame it wrote goes out on the
+        next tick. Why: the pops settle onto the peer's packets (the jitter buffer's due_s)
+        after the talkspurt began; the send phase follows them earlier. Only early on: each
+        move sends a frame sooner than its timestamp says, and two such calls facing each
+        other (an echo called by a player) would otherwise speed each other up for good."""
+        if (
+            not self._talking
+            or self.sender.packet_count - self._spurt_pkt >= _LEAD_FRAMES
+            or (self.dtmf_out is not None and self.dtmf_out.busy)
+        ):
+            return
+        nxt = t + self.hold_s
+        q = self._queued()
+        if (
+            nxt + 1e-6 < self.pacer.next_deadline
+            and self.frame_samples <= q < 2 * self.frame_samples
+        ):
+            self.pacer.rephase(nxt)
+
+    def _holds(self, t: float, now: float) -> bool:
+        """Whether a talking call's due frame waits for its receive pop (the frame goes out
+        on the tick after the pop) instead of going out as an underrun. Why: an echo (or
+        any agent that answers each frame it hears) writes in the pop; a slot on the pop's
+        tick, a pop the jitter buffer nudged later, or pops late behind a load peak would
+        otherwise cut a hole of silence and a double frame into the stream. The held frame
+        moves the call's grid (:meth:`Pacer.follow`): the send phase settles one tick
+        behind the producer."""
+        if not self._talking or self._queued() >= self.frame_samples:
+            return False
+        d = self.pacer.next_deadline
+        if self._rx_t <= now + 1e-6:  # the pop is due: it comes on this tick or a next one
+            return t < d + self._frame_s - self.hold_s + 1e-6
+        return t < d + self.hold_s - 1e-6 and self._rx_t <= t + self.hold_s + 1e-6
 
     def _rtcp_tick(self, now: float) -> None:
         if self.rtcp is not None and now >= self.rtcp.session.next_report_time():
@@ -439,10 +455,14 @@ class CallMedia:
         has_audio = self.playout.queued_samples > 0
         if has_audio and not self._talking:
             self.sender.start_talkspurt()
+            self._spurt_pkt = self.sender.packet_count
+            self._spurt_go = self._spurt_t is not None
         self._talking = has_audio
         frame = self.playout.pop()
         if not self.params.send:  # on hold: the clock runs on, nothing goes out
             self.sender.skip(self.frame_samples)  # and the first packet after has the marker
+            self._spurt_go = False
+            self._spurt_t = None
             return
         if batch is not None:
             batch.append((self, frame, dest))
@@ -452,6 +472,9 @@ class CallMedia:
     def _send_audio(self, payload: bytes, dest: tuple[str, int], now: float) -> None:
         data = self.sender.next_packet(payload, self.frame_samples)
         self._send_datagram(data, dest, now, len(payload))
+        if self._spurt_go and self._spurt_t is not None:
+            self.first_frame_delays.append(time.monotonic() - self._spurt_t)
+            self._spurt_go, self._spurt_t = False, None
 
     def _send_datagram(self, data: bytes, dest: tuple[str, int], now: float, size: int) -> None:
         if not self.params.send:
@@ -462,12 +485,6 @@ class CallMedia:
             ts = int.from_bytes(data[4:8], "big")
             self.rtcp.session.on_rtp_sent(len(data), size, ts, now)
 
-    # -- DTMF out ---------------------------------------------------------------------------
-
-    def _dtmf_outbox(self, p: MediaParams) -> DtmfOutbox | None:
-        pt = p.dtmf_send_pt  # None: not negotiated
-        return None if pt is None else DtmfOutbox.on(self.sender, pt, RATE, p.ptime_ms)
-
     def send_dtmf(self, digits: str) -> None:
         """Queue RFC 4733 key presses (100 ms each, 60 ms apart) on this call's stream.
 
@@ -476,14 +493,7 @@ class CallMedia:
         signalling side may send it another way (SIP INFO). ValueError for a non-DTMF
         character (nothing queued).
         """
-        if self.dtmf_out is not None:
-            self.dtmf_out.add(digits)
-            return
-        DtmfOutbox.check(digits)
-        log.warning("peer did not negotiate telephone-event: DTMF %r not sent in-band", digits)
-        if self.on_agent_event is not None:
-            for d in digits:
-                self.on_agent_event(DtmfEvent(d.upper()))
+        queue_dtmf(self, digits)
 
     # -- RTCP -------------------------------------------------------------------------------
 

@@ -7,15 +7,19 @@ sleeps never accumulate) and, per wake-up, in this order:
 
 1. send: what agents wrote is downsampled in one batch, every due call's frame is G.711
    encoded in one batch and sent; then RTCP reports that are due. Pacer grids sit on the
-   clock's grid, so a frame's lateness is the wake-up's lateness. A talkspurt re-phases
-   its call onto the grid point (within a frame) fewest calls send on (:meth:`quiet_phase`).
+   clock's grid, so a frame's lateness is the wake-up's lateness. A talkspurt does not
+   wait for the clock: its first frame goes out in the agent's write, and its call's grid
+   restarts on the grid (:meth:`grid_after_write`). A frame written by a receive pop (an
+   echo answers each pop) goes out on the next tick's send phase: a call's send phase
+   follows its pops later (``CallMedia._holds``) and, early in a talkspurt, earlier
+   (``CallMedia._after_pop``), so a stream written frame by frame does not underrun.
 2. read: one ``epoll_wait`` over every call's RTP socket, then the queued datagrams, with
    their kernel arrival stamps (:class:`~sip_bridge.media_io.PolledSocket`).
 3. receive: each call's jitter buffer is popped at the call's own tick time, which follows
-   ``JitterBuffer.due_s`` (:func:`~sip_bridge.pacer.next_tick`), so the buffer's delay
-   figures are those of a per-call loop; the pop happens at the first wake-up at or after
-   that time. Frames are upsampled in batches (:func:`resample.batch.process_many`) and
-   handed to the agents.
+   ``JitterBuffer.due_s`` (:func:`~sip_bridge.pacer.next_tick`) rounded up to the grid, so
+   a pop waits no more than the grid's step past due_s and the buffer is told the time it
+   really pops at. Frames are upsampled in batches (:func:`resample.batch.process_many`)
+   and handed to the agents.
 
 Reading and receiving share a time budget per wake-up, so that a burst of arrivals (a peer
 sending every call's packet at once) cannot make the next wake-up's sends late: the rest
@@ -37,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from resample.batch import process_many
+from sip_bridge.media_io import realtime_offset
 
 if TYPE_CHECKING:
     from sip_bridge.media import CallMedia, TxFrame
@@ -83,6 +88,7 @@ class MediaClock:
         self.poller = select.epoll() if hasattr(select, "epoll") else None
         self._by_fd: dict[int, CallMedia] = {}
         self.rx_deferred = 0  # ticks that left receive work to the next one
+        self.receiving = False  # inside a tick's receive pops
         self._reads_cut = 0  # ticks in a row whose reads ran out of budget (2: no budget)
 
     # -- grid -------------------------------------------------------------------------------
@@ -94,20 +100,17 @@ class MediaClock:
         k = math.ceil((t - self._origin) / self.tick_s - _EPS)
         return self._origin + k * self.tick_s
 
-    def quiet_phase(self, g: float, frame_s: float) -> float:
-        """Of the grid points in ``[g, g + frame_s)``, the one the fewest calls send on.
-
-        A call starting a talkspurt re-phases its send grid there (at most a frame minus a
-        tick later than ``g``): calls whose packets arrive together, and whose agents write
-        on the same tick, would otherwise all send on one tick too and make it late.
-        """
-        n = max(1, round(frame_s / self.tick_s))
-        load = [0] * n
-        for m in self.members.values():
-            if m._talking and m._frame_s == frame_s:
-                k = round((m.pacer.next_deadline - g) / self.tick_s) % n
-                load[k] += 1
-        return g + load.index(min(load)) * self.tick_s
+    def grid_after_write(self, t: float, burst: bool) -> float:
+        """Where a talkspurt written at t restarts its call's grid (its first frame has gone
+        out already). One frame written in a receive pop (an agent answering each frame it
+        hears): the next grid point, the first send phase after the pop, where the frames
+        the next pops write will find their slot. Otherwise (a burst, or written between
+        ticks) the nearest grid point, at most half a tick off the first frame."""
+        if self._handle is None:
+            return t
+        k = (t - self._origin) / self.tick_s
+        k = math.floor(k + _EPS) + 1 if self.receiving and not burst else round(k)
+        return self._origin + k * self.tick_s
 
     # -- membership -------------------------------------------------------------------------
 
@@ -156,12 +159,7 @@ class MediaClock:
         self._handle = self.loop.call_at(self._origin + self._j * self.tick_s, self._tick)
 
     def _serve(self, t: float, now: float) -> None:
-        """Sends first (their deadlines are what pacing is measured on), then receives.
-
-        What the agents say on this tick's receive goes out from the next tick on; a new
-        talkspurt re-phases its call's grid there, which also spreads the calls' sends
-        away from the tick where their packets (often all at once, from one peer) arrive.
-        """
+        """Sends first (their deadlines are what pacing is measured on), then receives."""
         calls = list(self.members.values())
         g = t + math.floor((now - t) / self.tick_s + _EPS) * self.tick_s  # latest grid <= now
         sending = [
@@ -170,20 +168,21 @@ class MediaClock:
             if not m._closed and (m.pacer.next_deadline <= now + _EPS or m._wake_pending)
         ]
         if sending:
-            _drain_writes(sending)
-            batch: list[TxFrame] = []
-            for m in sending:
-                m._tx_tick(g, now, batch)
-            if batch:
-                _send_batch(batch, now)
+            _send(sending, g, now)
             for m in sending:
                 m._rtcp_tick(now)
+        self.receiving = True  # a talkspurt an agent starts in a pop: see grid_after_write
+        try:
+            self._receive_all(calls, now, g, time.perf_counter() + self.rx_budget_s)
+        finally:
+            self.receiving = False
+
+    def _receive_all(self, calls: list[CallMedia], now: float, g: float, end: float) -> None:
         # Receiving has a time budget per tick: its sends must not be late behind a burst of
         # arrivals (one peer often sends every call's packet at once). What is left waits
         # for the next tick: unread datagrams keep their kernel arrival stamps, and a later
         # pop is still made at the call's own tick time, so the jitter buffer's figures do
         # not change; only that call's audio reaches its agent a tick later.
-        end = time.perf_counter() + self.rx_budget_s
         if not self._read_ready(now, end if self._reads_cut < 2 else math.inf):
             self._reads_cut += 1
             self.rx_deferred += 1
@@ -195,7 +194,10 @@ class MediaClock:
                 break
             due.sort(key=_rx_time)  # the longest waiting first
             for i in range(0, len(due), _RX_CHUNK):
-                _receive(due[i : i + _RX_CHUNK])
+                chunk = due[i : i + _RX_CHUNK]
+                _receive(chunk)
+                for m in chunk:
+                    m._after_pop(g)
                 if time.perf_counter() > end:
                     self.rx_deferred += 1
                     return
@@ -206,7 +208,7 @@ class MediaClock:
         perf_counter passes ``end`` (False). A flooded socket is bounded by the rounds."""
         if self.poller is None:
             return True
-        offset = time.time() - now
+        offset = realtime_offset()
         by_fd = self._by_fd
         for _ in range(_READ_ROUNDS):
             events = self.poller.poll(0)
@@ -243,6 +245,16 @@ def _receive(due: list[CallMedia]) -> None:
             pcm[i] = row
     for m, p in zip(due, pcm, strict=True):
         m._rx_deliver(p)
+
+
+def _send(calls: list[CallMedia], g: float, now: float) -> None:
+    """Send every call's due frames (grid time ``g``), encoded in one batch."""
+    _drain_writes(calls)
+    batch: list[TxFrame] = []
+    for m in calls:
+        m._tx_tick(g, now, batch)
+    if batch:
+        _send_batch(batch, now)
 
 
 def _drain_writes(calls: list[CallMedia]) -> None:

@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from jitter import JitterStats
 from sip_bridge.media_rtcp import RtcpPeerStats
 from sip_bridge.rtp_receiver import CODECS, RATE
 
-__all__ = ["MediaParams", "MediaStats"]
+if TYPE_CHECKING:
+    from sip_bridge.offer_answer import NegotiatedMedia
+
+__all__ = ["MediaParams", "MediaStats", "delay_figures"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +63,33 @@ class MediaParams:
         if self.ptime_ms <= 0 or (RATE * self.ptime_ms) % 1000:
             raise ValueError("ptime_ms must be a positive whole number of samples")
 
+    @classmethod
+    def negotiated(
+        cls,
+        neg: NegotiatedMedia,
+        *,
+        latch: bool,
+        jitter_min_ms: float = 20,
+        jitter_max_ms: float = 200,
+    ) -> MediaParams:
+        """The media an offer/answer outcome asks for (inbound and outbound calls alike);
+        ValueError when it cannot be run."""
+        return cls(
+            neg.remote_address,
+            neg.remote_port,
+            payload_type=neg.payload_type,
+            telephone_event_pt=neg.recv_telephone_event_pt,
+            send_telephone_event_pt=neg.telephone_event_pt,
+            ptime_ms=neg.ptime,
+            latch=latch,
+            jitter_min_ms=jitter_min_ms,
+            jitter_max_ms=jitter_max_ms,
+            rtcp_port=neg.rtcp_port,
+            rtcp_mux=neg.rtcp_mux,
+            send=neg.can_send,
+            receive=neg.can_receive,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class MediaStats:
@@ -88,3 +122,28 @@ class MediaStats:
     sending: bool = True
     receiving: bool = True
     dtmf_digits_sent: int = 0  # RFC 4733 key presses we sent (agent send_dtmf)
+    # Frames that waited past their slot for the receive pop that writes them (an echo's
+    # pop late behind a load peak): the call's grid moved behind its producer.
+    held_frames: int = 0
+    # Mean time from when the jitter buffer wanted a frame popped (due_s) to the pop.
+    pop_after_due_ms: float = 0.0
+    held_wait_max_ms: float = 0.0
+    # Per talkspurt: the agent's write of its first audio -> its first packet's sendto.
+    talkspurts: int = 0
+    first_frame_delay_p50_ms: float = 0.0
+    first_frame_delay_p99_ms: float = 0.0
+    first_frame_delay_max_ms: float = 0.0
+
+
+def delay_figures(delays_s: Collection[float]) -> dict[str, Any]:
+    """The first-frame-delay fields of :class:`MediaStats` from delays in seconds."""
+    if not delays_s:
+        return {"talkspurts": 0}
+    a = 1000.0 * np.fromiter(delays_s, float, len(delays_s))
+    p50, p99 = np.percentile(a, [50, 99])
+    return {
+        "talkspurts": len(delays_s),
+        "first_frame_delay_p50_ms": float(p50),
+        "first_frame_delay_p99_ms": float(p99),
+        "first_frame_delay_max_ms": float(a.max()),
+    }

@@ -50,6 +50,8 @@ class Pacer:
         self.late_frames = 0  # sent more than half a frame after their deadline
         self.skipped_frames = 0
         self.rephased = 0
+        self.followed = 0  # frames sent late because their producer was (see follow)
+        self.waits: deque[float] = deque(maxlen=history)  # seconds, per followed frame
         self.lateness: deque[float] = deque(maxlen=history)  # seconds, per frame sent
 
     def start(self, now: float) -> None:
@@ -82,10 +84,20 @@ class Pacer:
 
     def rephase(self, now: float) -> None:
         """Send the next frame at ``now`` and continue the grid from there (talkspurt start)."""
-        if now < self.next_deadline:
-            self.t0 = now
-            self.k = 0
-            self.rephased += 1
+        self.t0 = now
+        self.k = 0
+        self.rephased += 1
+
+    def follow(self, t: float, now: float) -> float:
+        """Send the due frame at ``now`` and go on with the grid from grid point ``t``: the
+        frame waited for its producer (not written at its deadline), which is counted
+        apart (:attr:`waits`), not as pacing lateness: the pacer did not make it late."""
+        deadline = self.next_deadline
+        self.waits.append(now - deadline)
+        self.followed += 1
+        self.t0, self.k = t, 1
+        self.sent += 1
+        return deadline
 
     def figures(self) -> dict[str, Any]:
         """The pacer's part of :class:`~sip_bridge.media.MediaStats`."""
@@ -96,6 +108,8 @@ class Pacer:
             "pacing_jitter_p50_ms": p50,
             "pacing_jitter_p99_ms": p99,
             "pacing_jitter_max_ms": pmax,
+            "held_frames": self.followed,
+            "held_wait_max_ms": 1000.0 * max(self.waits, default=0.0),
         }
 
     def jitter_ms(self) -> tuple[float, float, float]:

@@ -4,34 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
-from types import SimpleNamespace
-from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from agent import Agent, AgentOutput, CallInfo
 from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.media_clock import MediaClock, media_clock
+from sip_bridge.media_clock import media_clock
 from sip_bridge.rtp_ports import RtpPortPool
-
-
-def test_a_talkspurt_goes_to_the_grid_point_fewest_calls_send_on() -> None:
-    loop = asyncio.new_event_loop()
-    try:
-        clock = MediaClock(loop)
-        # calls sending on phases 0, 0, 1, 3 (5 ms ticks, 20 ms frames), one not talking
-        for i, (phase, talking) in enumerate([(0, True), (0, True), (1, True), (3, True),
-                                              (2, False)]):  # fmt: skip
-            m: Any = SimpleNamespace(
-                _talking=talking, _frame_s=0.02,
-                pacer=SimpleNamespace(next_deadline=10.0 + 0.005 * phase + 0.02 * i),
-            )  # fmt: skip
-            clock.members[i] = m
-        assert abs(clock.quiet_phase(10.0, 0.02) - 10.010) < 1e-9  # phase 2 is free
-        assert abs(clock.quiet_phase(10.005, 0.02) - 10.010) < 1e-9  # ...whichever tick asks
-    finally:
-        loop.close()
 
 
 class Quiet(Agent):
