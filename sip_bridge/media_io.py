@@ -28,6 +28,7 @@ __all__ = [
     "PolledSocket",
     "RtpLease",
     "RtpProtocol",
+    "realtime_offset",
     "reserve_rtp_port",
 ]
 
@@ -119,8 +120,8 @@ class PolledSocket:
     def read(self, loop_now: float, offset: float) -> Datagram | None:
         """One queued datagram, or None when the queue is empty.
 
-        ``offset`` is ``time.time() - loop_now``: it maps the kernel's realtime stamp onto
-        the loop's clock.
+        ``offset`` is :func:`realtime_offset`: it maps the kernel's realtime stamp onto the
+        loop's clock; arrivals are capped at ``loop_now``.
         """
         for _ in range(8):
             try:
@@ -142,7 +143,7 @@ class PolledSocket:
         """Up to ``limit`` queued datagrams as (data, source, arrival on the loop clock); a
         flood beyond waits for the next tick (and overflows the kernel buffer, not us)."""
         out: list[Datagram] = []
-        offset = time.time() - loop_now
+        offset = realtime_offset()
         for _ in range(limit):
             d = self.read(loop_now, offset)
             if d is None:
@@ -188,3 +189,11 @@ class AudioRtpSender(RtpSender):
         self.packet_count += 1
         self.octet_count += len(payload)
         return data
+
+
+def realtime_offset() -> float:
+    """``time.time()`` minus the loop's clock (asyncio's is ``time.monotonic()``), read now.
+
+    Taken from two fresh readings rather than against a ``now`` captured earlier in the
+    tick: a stale ``now`` would stamp every packet early by the tick's age so far."""
+    return time.time() - time.monotonic()
