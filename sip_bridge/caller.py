@@ -194,15 +194,5 @@ async def place_call(opts: CallOptions) -> CallResult:
 
 
 def _media_params(neg: NegotiatedMedia) -> MediaParams:
-    """What the call's media runs with, from an offer/answer outcome."""
-    return MediaParams(
-        neg.remote_address,
-        neg.remote_port,
-        payload_type=neg.payload_type,
-        telephone_event_pt=neg.recv_telephone_event_pt,
-        send_telephone_event_pt=neg.telephone_event_pt,
-        ptime_ms=neg.ptime,
-        latch=neg.remote_is_private,
-        send=neg.can_send,
-        receive=neg.can_receive,
-    )
+    """What the call's media runs with; latching when the callee's SDP address is private."""
+    return MediaParams.negotiated(neg, latch=neg.remote_is_private)

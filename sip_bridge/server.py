@@ -372,20 +372,9 @@ class BridgeServer:
         """What CallMedia needs from an offer/answer outcome; ValueError if unusable."""
         symmetric = self.config.rtp.symmetric
         latch = symmetric == "on" or (symmetric == "auto" and neg.remote_is_private)
-        return MediaParams(
-            neg.remote_address,
-            neg.remote_port,
-            payload_type=neg.payload_type,
-            telephone_event_pt=neg.recv_telephone_event_pt,
-            send_telephone_event_pt=neg.telephone_event_pt,
-            ptime_ms=neg.ptime,
-            latch=latch,
-            jitter_min_ms=self.config.jitter.min_delay_ms,
-            jitter_max_ms=self.config.jitter.max_delay_ms,
-            rtcp_port=neg.rtcp_port,
-            rtcp_mux=neg.rtcp_mux,
-            send=neg.can_send,
-            receive=neg.can_receive,
+        jitter = self.config.jitter
+        return MediaParams.negotiated(
+            neg, latch=latch, jitter_min_ms=jitter.min_delay_ms, jitter_max_ms=jitter.max_delay_ms
         )
 
     def _media_updated(self, call_id: str, neg: NegotiatedMedia) -> None:
