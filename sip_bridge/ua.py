@@ -423,8 +423,8 @@ class BridgeUA(SessionMixin, TransferMixin):
         if call.state != "answered":
             return []
         call.state = "confirmed"
-        if call.offer is not None:
-            return []  # CallEstablished went out with the 200
+        if call.offer is not None:  # CallEstablished went out with the 200
+            return self._pending_transfer(call, now)
         try:
             assert call.local_sdp is not None
             if not ev.request.body.strip():
@@ -433,15 +433,16 @@ class BridgeUA(SessionMixin, TransferMixin):
         except (SdpError, ValueError) as exc:
             ended = self._end(call, f"no usable SDP answer in the ACK: {exc}", "local", keep=True)
             return [*self._send_bye(call, now), ended]
-        return [CallEstablished(call.call_id, media)]
+        return [CallEstablished(call.call_id, media), *self._pending_transfer(call, now)]
 
     def _on_ack_timeout(self, ev: AckTimeout, now: float) -> list[UaEvent]:
         call = self._by_tx.get(ev.tx_id)
         if call is None:
             return []
         if call.call_id in self._calls:
+            abandoned = self._transfer_abandoned(call)
             ended = self._end(call, "no ACK", "timeout", keep=True)
-            return [*self._send_bye(call, now), ended]
+            return [*self._send_bye(call, now), *abandoned, ended]
         return self._send_bye(call, now) if call.bye_after_ack else []
 
     def _on_client_result(

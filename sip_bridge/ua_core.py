@@ -56,6 +56,7 @@ class UaCall:
     refresh_ack: tuple[str, SipRequest] | None = None  # re-INVITE tx and the ACK of its 2xx
     transfer: Transfer | None = None  # our latest REFER and its subscription
     refer_tx: str | None = None  # that REFER's client transaction, while it runs
+    pending_transfer: str | None = None  # asked for before the caller's ACK: sent on it
 
 
 class UaCore:

@@ -42,6 +42,9 @@ class TransferMixin(UaCore):
         if call is None:
             return []
         running = call.transfer is not None and not call.transfer.final
+        if call.state == "answered" and not running and call.pending_transfer is None:
+            call.pending_transfer = target_uri  # our 200 is out, its ACK not yet in
+            return []
         try:
             if call.state != "confirmed":
                 raise ValueError("the call is not established")
@@ -119,8 +122,17 @@ class TransferMixin(UaCore):
         bound = f"no final transfer report within {self.transfer_timeout_s:g} s"
         return self._report(call, transfer.failed(0, bound), now)
 
+    def _pending_transfer(self, call: UaCall, now: float) -> list[UaEvent]:
+        """The ACK came: send the REFER an agent asked for while it was on its way."""
+        target, call.pending_transfer = call.pending_transfer, None
+        return self.transfer(call.call_id, target, now) if target is not None else []
+
     def _transfer_abandoned(self, call: UaCall) -> list[UaEvent]:
         """The call ends (caller's BYE) with a transfer still open: its outcome is unknown."""
+        if call.pending_transfer is not None:
+            target, call.pending_transfer = call.pending_transfer, None
+            reason = "the call ended before it was established"
+            return [TransferProgress(call.call_id, target, 0, True, "failed", reason)]
         transfer = call.transfer
         if transfer is None or transfer.final:
             return []

@@ -252,3 +252,26 @@ def test_caller_bye_during_the_transfer_reports_it_unknown() -> None:
     assert progress(events) == [(0, "failed", True)]
     assert isinstance(events[-1], CallEnded)
     assert_clean(ua)
+
+
+def test_a_transfer_asked_for_before_the_ack_goes_out_with_the_ack() -> None:
+    """The agent starts with our 200; its REFER must wait for the caller's ACK, not fail."""
+    ua = make_ua()
+    offered, _ = offer_call(ua, invite_text())
+    [ok] = responses(ua.answer(offered.call_id, 30000, 0.1), 200)
+    assert ua.transfer(offered.call_id, "1001", 0.11) == []  # held until the ACK
+    events = ua.receive_bytes(in_dialog("ACK", ok, 1), CALLER, "udp", 0.12)
+    [refer] = requests(events, "REFER")
+    assert (refer.headers.get("Refer-To") or "").startswith("<sip:1001@")
+    assert not progress(events)
+
+
+def test_a_held_transfer_fails_when_the_ack_never_comes() -> None:
+    ua = make_ua()
+    offered, _ = offer_call(ua, invite_text())
+    ua.answer(offered.call_id, 30000, 0.1)
+    assert ua.transfer(offered.call_id, "1001", 0.11) == []
+    events = run_until(ua, 40.0)  # Timer L: no ACK, BYE
+    assert progress(events) == [(0, "failed", True)]
+    assert [e.reason for e in of_type(events, CallEnded)] == ["no ACK"]
+    assert requests(events, "BYE") and not requests(events, "REFER")
