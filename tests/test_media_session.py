@@ -270,7 +270,9 @@ def test_symmetric_rtp_latches_to_the_real_source() -> None:
     assert st.latched
     assert st.remote[1] != call.media.params.remote_port
     decoy = call.extra["decoy"]
-    assert isinstance(decoy, int) and 1 <= decoy <= 10  # only before the first packet
+    # only until the phone's first packet latches us (a few frames; 50 = 1 s on a loaded
+    # machine), never for the rest of the call (about 100 frames)
+    assert isinstance(decoy, int) and 1 <= decoy <= 50
 
 
 def test_dtmf_reaches_the_agent_once_and_the_echo_presses_it_back() -> None:
