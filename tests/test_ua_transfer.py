@@ -275,3 +275,17 @@ def test_a_held_transfer_fails_when_the_ack_never_comes() -> None:
     assert progress(events) == [(0, "failed", True)]
     assert [e.reason for e in of_type(events, CallEnded)] == ["no ACK"]
     assert requests(events, "BYE") and not requests(events, "REFER")
+
+
+def test_our_own_hangup_during_a_transfer_reports_it_unknown() -> None:
+    ua = make_ua()
+    call_id, _, refer = start_transfer(ua)
+    answer_refer(ua, refer, 202, 1.1)
+    events = ua.hangup(call_id, 1.5, "call length limit")
+    assert progress(events) == [(0, "failed", True)]
+    [ended] = of_type(events, CallEnded)
+    assert (ended.reason, ended.by) == ("call length limit", "local")
+    [p] = of_type(events, TransferProgress)
+    assert events.index(p) < events.index(ended)  # the agent hears the outcome first
+    assert requests(events, "BYE")
+    assert_clean(ua)
