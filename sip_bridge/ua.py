@@ -278,7 +278,7 @@ class BridgeUA(SessionMixin, TransferMixin):
             return []
         if call.state == "offered":
             return [*self._final(call, 480, now), self._end(call, reason, "local")]
-        return [*self._transfer_abandoned(call), *self._hang(call, now, reason, "local")]
+        return self._hang(call, now, reason, "local")
 
     # ------------------------------------------------------------------ plumbing
     def _process(self, events: list[Event], transport: str, now: float) -> list[UaEvent]:

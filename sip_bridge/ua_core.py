@@ -135,11 +135,15 @@ class UaCore:
         self, call: UaCall, now: float, reason: str, by: Literal["local", "timeout"]
     ) -> list[UaEvent]:
         """End an answered call: BYE now, or once the ACK of our 2xx is in."""
-        out: list[UaEvent] = [self._end(call, reason, by, keep=True)]
+        out = [*self._transfer_abandoned(call), self._end(call, reason, by, keep=True)]
         if call.state == "answered":
             call.bye_after_ack = True
             return out
         return out + self._send_bye(call, now)
+
+    def _transfer_abandoned(self, call: UaCall) -> list[UaEvent]:
+        """A transfer still open as the call ends: its final report (TransferMixin's)."""
+        return []
 
     # ------------------------------------------------------------------ call records
     def _end(
