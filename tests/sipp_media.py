@@ -62,14 +62,6 @@ def write_ulaw(path: Path, pcm: NDArray[np.int16]) -> None:
     path.write_bytes(ulaw_encode(pcm).tobytes())
 
 
-def dominant_hz(pcm: NDArray[np.int16], rate: int = 8000) -> float:
-    """The strongest frequency (Hz) in a block, Hann-windowed."""
-    x = pcm.astype(np.float64) * np.hanning(len(pcm))
-    spectrum = np.abs(np.fft.rfft(x))
-    spectrum[0] = 0.0
-    return float(np.argmax(spectrum) * rate / len(pcm))
-
-
 def udp_socket_counters(port: int) -> tuple[int, int] | None:
     """(bytes queued, datagrams dropped) of the IPv4 UDP socket bound to ``port``, or None.
 

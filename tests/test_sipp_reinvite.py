@@ -28,7 +28,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sipp_media import HOST, dominant_hz, random_port_range, run_sipp_in, tone, write_ulaw
+from peers.support import dominant_hz
+from sipp_media import HOST, random_port_range, run_sipp_in, tone, write_ulaw
 
 from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from sip_bridge.config import BridgeConfig

@@ -71,11 +71,11 @@ def loud_runs(x: NDArray[np.float64], threshold: float = 0.03) -> list[tuple[int
     return [(int(a), int(b)) for a, b in zip(edges[::2], edges[1::2], strict=True)]
 
 
-def dominant_hz(seg: NDArray[np.float64]) -> float:
+def dominant_hz(seg: NDArray[np.float64] | NDArray[np.int16], rate: int = RATE) -> float:
     """Frequency of the strongest spectral peak (Hann window; 1/len resolution)."""
     spec = np.abs(np.fft.rfft(seg * np.hanning(seg.size)))
     spec[0] = 0.0
-    return float(np.argmax(spec) * RATE / seg.size)
+    return float(np.argmax(spec) * rate / seg.size)
 
 
 def peak_level(seg: NDArray[np.float64]) -> float:
