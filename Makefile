@@ -7,7 +7,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # Debian packages the build and the tests need (checked one by one with dpkg).
-APT_PACKAGES ?= python3-venv sip-tester baresip-core linphone-cli
+APT_PACKAGES ?= python3-venv sip-tester baresip-core linphone-cli espeak-ng sox
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
