@@ -1,0 +1,288 @@
+"""Speech to text: Moonshine base-en (16 kHz), one-shot and incremental.
+
+Why incremental: the caller hears nothing until the transcript is ready, so the work is
+done while they are still talking. :class:`IncrementalTranscriber` closes a segment at each
+pause (or every ``max_segment_s``) and transcribes it in an executor while audio keeps
+arriving; at end of turn only the last short segment is left (latency budget: <= 100 ms).
+
+The decode loop and the token -> text step are our own (no ``tokenizers`` package): a
+greedy search over ``decoder_model_merged`` with past key values, capped at a token count
+proportional to the audio so a confused decoder cannot loop forever.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import math
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["IncrementalTranscriber", "MoonshineAsr", "Tokenizer"]
+
+MODEL = "moonshine-base-en"
+_START, _EOS = 1, 2
+_TOKENS_PER_S = 6.5  # Moonshine's own cap; fast English speech is ~4-5 tokens/s
+_MIN_S = 0.1  # shorter audio is below what the encoder's convolutions accept
+_MAX_S = 64.0  # the model's trained limit (rotary positions)
+_SILENCE_RMS = 10.0 ** (-60 / 20)  # -60 dBFS: nothing to transcribe (no hallucinated words)
+_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def _store_path(name: str) -> Path:
+    from model_runtime.store import default_store  # lazy: explicit paths need no store
+
+    return Path(default_store().path(MODEL, name))
+
+
+def _session(path: Path, threads: int, device: str) -> Any:
+    """The one place this module opens ONNX Runtime (the project's session factory)."""
+    from model_runtime.sessions import Device, create_session
+
+    dev = cast(Device, device)
+    return create_session(path, name=f"{MODEL}/{path.stem}", threads=threads, device=dev)
+
+
+class Tokenizer:
+    """Token ids -> text from a Hugging Face ``tokenizer.json`` (SentencePiece-style BPE).
+
+    Decoding is all we need: "▁" marks a space, ``<0xNN>`` tokens are raw UTF-8 bytes,
+    special tokens (<s>, </s>, <unk>, Moonshine's <<ST_n>>) are dropped.
+    """
+
+    def __init__(self, path: Path) -> None:
+        spec = json.loads(Path(path).read_text(encoding="utf-8"))
+        vocab: dict[str, int] = spec["model"]["vocab"]
+        size = max(vocab.values()) + 1
+        for added in spec.get("added_tokens", []):
+            size = max(size, int(added["id"]) + 1)
+        self._pieces: list[bytes | None] = [None] * size
+        for piece, idx in vocab.items():
+            byte = _BYTE.match(piece)
+            self._pieces[idx] = (
+                bytes([int(byte.group(1), 16)])
+                if byte
+                else piece.replace("\u2581", " ").encode("utf-8")
+            )
+        for added in spec.get("added_tokens", []):
+            idx = int(added["id"])
+            self._pieces[idx] = None if added.get("special") else added["content"].encode()
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """Join the pieces; bytes are fused first so multi-byte characters survive."""
+        out = b"".join(
+            p for i in ids if 0 <= i < len(self._pieces) and (p := self._pieces[i]) is not None
+        )
+        text = out.decode("utf-8", errors="replace")
+        return text[1:] if text.startswith(" ") else text
+
+
+def _to_float(pcm: NDArray[np.int16] | NDArray[np.float32]) -> NDArray[np.float32]:
+    x = np.asarray(pcm).reshape(-1)
+    if x.dtype == np.int16:
+        return x.astype(np.float32) / 32768.0
+    return x.astype(np.float32, copy=False)
+
+
+class MoonshineAsr:
+    """Moonshine base-en: 16 kHz mono audio in, English text out. Thread-safe."""
+
+    sample_rate = 16000
+
+    def __init__(
+        self,
+        encoder: Path | None = None,
+        decoder: Path | None = None,
+        tokenizer: Path | None = None,
+        *,
+        threads: int = 1,
+        device: str = "auto",
+    ) -> None:
+        enc = Path(encoder) if encoder else _store_path("encoder_model.onnx")
+        dec = Path(decoder) if decoder else _store_path("decoder_model_merged.onnx")
+        tok = Path(tokenizer) if tokenizer else _store_path("tokenizer.json")
+        self.encoder = _session(enc, threads, device)
+        self.decoder = _session(dec, threads, device)
+        self.tokenizer = Tokenizer(tok)
+        self._past = [
+            i.name for i in self.decoder.get_inputs() if i.name.startswith("past_key_values.")
+        ]
+        shape = next(i.shape for i in self.decoder.get_inputs() if i.name == self._past[0])
+        self._heads, self._head_dim = int(shape[1]), int(shape[3])
+
+    def max_tokens(self, samples: int) -> int:
+        """The decode cap for this much audio: stops hallucination loops early."""
+        return math.ceil(samples / self.sample_rate * _TOKENS_PER_S) + 4
+
+    def tokens(self, pcm: NDArray[np.int16] | NDArray[np.float32]) -> list[int]:
+        """Greedy decode; the token ids without start and end tokens."""
+        x = _to_float(pcm)
+        if x.size < _MIN_S * self.sample_rate:
+            return []
+        if float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) < _SILENCE_RMS:
+            return []
+        x = x[: int(_MAX_S * self.sample_rate)]
+        hidden = self.encoder.run(None, {"input_values": x[None, :]})[0]
+        empty = np.zeros((1, self._heads, 0, self._head_dim), dtype=np.float32)
+        past: dict[str, NDArray[np.float32]] = dict.fromkeys(self._past, empty)
+        out: list[int] = []
+        token = _START
+        for step in range(self.max_tokens(x.size)):
+            feeds: dict[str, Any] = {
+                "input_ids": np.array([[token]], dtype=np.int64),
+                "encoder_hidden_states": hidden,
+                "use_cache_branch": np.array([step > 0]),
+                **past,
+            }
+            logits, *present = self.decoder.run(None, feeds)
+            token = int(np.argmax(logits[0, -1]))
+            if token == _EOS:
+                break
+            out.append(token)
+            # the cross-attention cache is computed once, on the first step
+            past.update(
+                (name, value)
+                for name, value in zip(self._past, present, strict=True)
+                if step == 0 or ".decoder." in name
+            )
+        return out
+
+    def transcribe(self, pcm: NDArray[np.int16] | NDArray[np.float32]) -> str:
+        """Text of a whole utterance ("" for silence or under 0.1 s of audio)."""
+        return self.tokenizer.decode(self.tokens(pcm)).strip()
+
+
+class IncrementalTranscriber:
+    """Transcribes while the caller is still speaking so that little is left at end of turn."""
+
+    _PREROLL_S = 0.2  # audio kept before the first speech frame (VAD onsets are late)
+
+    def __init__(
+        self,
+        asr: MoonshineAsr,
+        executor: concurrent.futures.Executor | None = None,
+        *,
+        pause_s: float = 0.3,
+        max_segment_s: float = 6.0,
+        early_s: float = 0.1,
+    ) -> None:
+        """``early_s``: after this much non-speech the open segment is already sent for
+        transcription; if the caller stays quiet that result is the segment's (no second
+        pass), if they go on it is cancelled or, when already running, thrown away."""
+        self.asr = asr
+        self._own_executor = executor is None
+        self.executor = executor or concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="asr"
+        )
+        rate = asr.sample_rate
+        self._pause = round(pause_s * rate)
+        self._early = min(round(early_s * rate), self._pause)
+        self._max = round(max_segment_s * rate)
+        self._preroll = round(self._PREROLL_S * rate)
+        self._lock = threading.Lock()
+        self._chunks: list[NDArray[np.int16]] = []
+        self._size = 0
+        self._voiced = False  # the open segment holds speech
+        self._quiet = 0  # samples of non-speech since the last speech
+        self._done: list[concurrent.futures.Future[str]] = []
+        self._early_job: concurrent.futures.Future[str] | None = None  # open segment's
+
+    def push(self, pcm16k: NDArray[np.int16], speech: bool) -> None:
+        """Add 16 kHz audio and the VAD's verdict for it; never waits for inference."""
+        pcm = np.asarray(pcm16k, dtype=np.int16).reshape(-1).copy()
+        with self._lock:
+            self._chunks.append(pcm)
+            self._size += pcm.size
+            if speech:
+                self._voiced, self._quiet = True, 0
+                if self._early_job is not None:  # the caller went on: that guess is stale
+                    self._early_job.cancel()
+                    self._early_job = None
+            elif self._voiced:
+                self._quiet += pcm.size
+            else:
+                self._trim_preroll()
+            if self._voiced and (self._quiet >= self._pause or self._size >= self._max):
+                self._close()
+            elif self._voiced and self._quiet >= self._early and self._early_job is None:
+                audio = np.concatenate(self._chunks)
+                self._early_job = self.executor.submit(self.asr.transcribe, audio)
+
+    @property
+    def open_seconds(self) -> float:
+        """Audio in the open segment: what finish() will still have to transcribe."""
+        return self._size / self.asr.sample_rate
+
+    def finish(self) -> concurrent.futures.Future[str]:
+        """The whole utterance's text (segments joined by spaces); starts a new utterance."""
+        with self._lock:
+            if self._voiced:
+                self._close()
+            futures, self._done = self._done, []
+            self._clear()
+        return _joined(futures)
+
+    def reset(self) -> None:
+        """Forget the utterance in progress (barge-in, hang-up); pending work is cancelled."""
+        with self._lock:
+            for fut in self._done:
+                fut.cancel()
+            if self._early_job is not None:
+                self._early_job.cancel()
+            self._done = []
+            self._clear()
+
+    def close(self) -> None:
+        """Stop the executor if this transcriber made it."""
+        if self._own_executor:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+
+    def _close(self) -> None:
+        if self._early_job is not None:  # only non-speech came after it: it has every word
+            self._done.append(self._early_job)
+        else:
+            audio = np.concatenate(self._chunks)
+            # trailing non-speech beyond the pause adds decode work and nothing else
+            keep = audio.size - max(0, self._quiet - self._pause)
+            self._done.append(self.executor.submit(self.asr.transcribe, audio[:keep]))
+        self._clear()
+
+    def _clear(self) -> None:
+        self._chunks, self._size, self._voiced, self._quiet = [], 0, False, 0
+        self._early_job = None
+
+    def _trim_preroll(self) -> None:
+        while self._chunks and self._size - self._chunks[0].size >= self._preroll:
+            self._size -= self._chunks.pop(0).size
+
+
+def _joined(futures: list[concurrent.futures.Future[str]]) -> concurrent.futures.Future[str]:
+    """One future for the texts of ``futures`` in order, without tying up a worker."""
+    result: concurrent.futures.Future[str] = concurrent.futures.Future()
+    if not futures:
+        result.set_result("")
+        return result
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_: concurrent.futures.Future[str]) -> None:
+        with lock:
+            remaining[0] -= 1
+            if remaining[0]:
+                return
+        try:
+            texts = [f.result() for f in futures]
+        except BaseException as exc:  # a failed or cancelled segment fails the utterance
+            result.set_exception(exc)
+        else:
+            result.set_result(" ".join(t for t in texts if t))
+
+    for fut in futures:
+        fut.add_done_callback(done)
+    return result

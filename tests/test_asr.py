@@ -1,0 +1,224 @@
+"""Moonshine ASR: real speech in, the right words out; incremental equals one-shot.
+
+beckett.wav is a man reading "Ever tried. Ever failed. No matter. Try again. Fail again.
+Fail better." (checked by ear against the transcript; ~10 s, pauses between sentences).
+espeak-ng supplies a synthetic caller; both run through the converted (plain ONNX) model,
+and the shipped .ort model must hear the same words.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import re
+import subprocess
+import threading
+import time
+import wave
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+import pytest
+from models import model_file as _model_file
+from numpy.typing import NDArray
+
+from agent.asr import IncrementalTranscriber, MoonshineAsr, Tokenizer
+from resample.resampler import Resampler
+
+RATE = 16000
+FRAME = 320  # 20 ms
+BECKETT = "ever tried ever failed no matter try again fail again fail better"
+
+
+def _words(text: str) -> list[str]:
+    return re.sub(r"[^a-z0-9' ]", " ", text.lower()).split()
+
+
+def _wer(ref: str, hyp: str) -> float:
+    """Word error rate: word-level edit distance over the reference length."""
+    r, h = _words(ref), _words(hyp)
+    d = list(range(len(h) + 1))
+    for i, rw in enumerate(r, 1):
+        prev, d[0] = d[0], i
+        for j, hw in enumerate(h, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (rw != hw))
+    return d[len(h)] / max(1, len(r))
+
+
+@pytest.fixture(scope="module")
+def converted() -> tuple[Path, Path]:
+    """The store's conversion of the shipped .ort files (made by `sip-bridge models fetch`)."""
+    return (
+        _model_file("moonshine-base-en", "encoder_model.onnx"),
+        _model_file("moonshine-base-en", "decoder_model_merged.onnx"),
+    )
+
+
+@pytest.fixture(scope="module")
+def asr(converted: tuple[Path, Path]) -> MoonshineAsr:
+    tok = _model_file("moonshine-base-en", "tokenizer.json")
+    return MoonshineAsr(*converted, tok, threads=2, device="cpu")
+
+
+@cache
+def _beckett() -> NDArray[np.int16]:
+    with wave.open(str(_model_file("beckett", "beckett.wav"))) as w:
+        assert w.getframerate() == RATE and w.getnchannels() == 1 and w.getsampwidth() == 2
+        return np.frombuffer(w.readframes(w.getnframes()), np.int16).copy()
+
+
+def _espeak_16k(text: str, tmp: Path) -> NDArray[np.int16]:
+    wav = tmp / "tts.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(wav), text], check=True)
+    with wave.open(str(wav)) as w:
+        assert w.getframerate() == 22050
+        x = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+    rs = Resampler(22050, 16000)
+    return np.concatenate([rs.process(x), rs.process(np.zeros(2205, np.int16))])
+
+
+def test_beckett_real_voice(asr: MoonshineAsr) -> None:
+    text = asr.transcribe(_beckett())
+    assert _wer(BECKETT, text) <= 0.1, text
+    assert text[0].isupper()  # the byte/space decoding gives normal text
+    # float input in [-1, 1) is the same audio
+    first = _beckett()[: 3 * RATE]
+    assert asr.transcribe(first.astype(np.float32) / np.float32(32768)) == asr.transcribe(first)
+
+
+def test_espeak_caller(asr: MoonshineAsr, tmp_path: Path) -> None:
+    said = "Hello, I would like to check the status of my order. Can you help me please?"
+    text = asr.transcribe(_espeak_16k(said, tmp_path))
+    assert _wer(said, text) <= 0.15, text
+    assert {"status", "order", "help"} <= set(_words(text))
+
+
+def test_shipped_ort_model_hears_the_same(asr: MoonshineAsr) -> None:
+    m = "moonshine-base-en"
+    shipped = MoonshineAsr(
+        _model_file("moonshine-base-en-ort", "encoder_model.ort"),
+        _model_file("moonshine-base-en-ort", "decoder_model_merged.ort"),
+        _model_file(m, "tokenizer.json"),
+        threads=2,
+        device="cpu",
+    )
+    assert shipped.tokens(_beckett()) == asr.tokens(_beckett())
+
+
+def test_silence_and_noise_give_no_words(asr: MoonshineAsr) -> None:
+    assert asr.transcribe(np.zeros(2 * RATE, np.int16)) == ""
+    assert asr.transcribe(np.zeros(800, np.int16)) == ""  # under 0.1 s
+    noise = np.random.default_rng(3).standard_normal(2 * RATE) * 0.01  # -40 dBFS hiss
+    assert asr.transcribe(noise.astype(np.float32)) == ""
+
+
+def test_decode_is_capped_by_audio_length(asr: MoonshineAsr) -> None:
+    """A decoder that never says end-of-text stops at the cap (no endless loop)."""
+
+    class Looping:
+        def __init__(self, real: object) -> None:
+            self.real = real
+
+        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
+            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
+            out[0] = np.zeros_like(out[0])
+            out[0][..., 263] = 1.0  # "▁a", forever
+            return out
+
+    looping = MoonshineAsr.__new__(MoonshineAsr)
+    looping.__dict__.update(asr.__dict__)
+    looping.decoder = Looping(asr.decoder)
+    one_s = _beckett()[RATE : 2 * RATE]
+    assert len(looping.tokens(one_s)) == asr.max_tokens(one_s.size) == 11
+    assert looping.transcribe(one_s) == " ".join(["a"] * 11)
+
+
+def test_tokenizer_spaces_bytes_and_specials() -> None:
+    path = _model_file("moonshine-base-en", "tokenizer.json")
+    tok = Tokenizer(path)
+    vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
+    euro = [vocab["<0xE2>"], vocab["<0x82>"], vocab["<0xAC>"]]  # UTF-8 of "€"
+    ids = [1, vocab["▁I"], vocab["▁paid"], vocab["▁"], vocab["5"], *euro, vocab["<0x0A>"], 2]
+    assert tok.decode(ids) == "I paid 5€\n"
+    assert tok.decode([0, 1, 2, 32000, 32005]) == ""  # <unk>, <s>, </s>, <<ST_n>>
+
+
+def _speech_flags(x: NDArray[np.int16]) -> list[bool]:
+    """Per 20 ms frame: speech when louder than 50 dB (int16 scale); a crude but honest VAD."""
+    f = x[: x.size // FRAME * FRAME].astype(np.float64).reshape(-1, FRAME)
+    return list(10 * np.log10(np.mean(f**2, axis=1) + 1.0) > 50.0)
+
+
+def _incremental(
+    asr: MoonshineAsr, utterance: NDArray[np.int16], live_frames: int, early_s: float
+) -> tuple[str, int, float, float]:
+    """Feed ``utterance`` frame by frame; the last ``live_frames`` at the real 20 ms pace
+    (the end-of-turn wait), the rest at once after which the pool catches up.
+    Returns (text, segments closed before the end, open seconds at speech end, tail ms)."""
+    flags = _speech_flags(utterance)
+    n = len(flags)
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        inc = IncrementalTranscriber(asr, pool, pause_s=0.3, early_s=early_s)
+        closed = 0
+        for i in range(n - live_frames):
+            inc.push(utterance[i * FRAME : (i + 1) * FRAME], flags[i])
+            closed += inc.open_seconds == 0.0
+        pool.submit(lambda: None).result()  # the closed segments are done (FIFO pool)
+        open_s = inc.open_seconds
+        for i in range(n - live_frames, n):
+            time.sleep(FRAME / RATE)
+            inc.push(utterance[i * FRAME : (i + 1) * FRAME], flags[i])
+        t0 = time.perf_counter()
+        text = inc.finish().result()
+        return text, closed, open_s, (time.perf_counter() - t0) * 1000
+
+
+def test_incremental_equals_one_shot_and_leaves_a_short_tail(asr: MoonshineAsr) -> None:
+    # "Ever tried. Ever failed. No matter.", ending 200 ms after the last loud frame: the
+    # turn ends (say, the end-of-turn model fires) before the last pause closes a segment
+    flags = _speech_flags(_beckett()[: int(4.4 * RATE)])
+    last = max(i for i, speech in enumerate(flags) if speech)
+    utterance = _beckett()[: (last + 11) * FRAME]
+    one_shot = asr.transcribe(utterance)
+    text, closed, open_s, tail_ms = _incremental(asr, utterance, 10, early_s=0.1)
+    _, _, _, late_ms = _incremental(asr, utterance, 10, early_s=0.3)  # no early start
+    print(f"one-shot {one_shot!r}; incremental {text!r}")
+    print(
+        f"finish() tail: {tail_ms:.0f} ms with the early start, {late_ms:.0f} ms without, "
+        f"{open_s:.2f} s of {utterance.size / RATE:.2f} s open at the end of speech"
+    )
+    assert _words(text) == _words(one_shot)
+    assert _wer("ever tried ever failed no matter", text) <= 0.2
+    assert closed >= 2  # segments closed at the pauses while audio kept coming
+    assert 0.3 < open_s < 2.0  # only the last sentence is left for the end of the turn
+
+
+def test_long_speech_is_cut_at_max_segment(asr: MoonshineAsr) -> None:
+    x = _beckett()
+    inc = IncrementalTranscriber(asr, pause_s=5.0, max_segment_s=3.5)  # pauses never close
+    try:
+        for i in range(x.size // FRAME):
+            inc.push(x[i * FRAME : (i + 1) * FRAME], True)
+            assert inc.open_seconds < 3.5
+        text = inc.finish().result()
+    finally:
+        inc.close()
+    assert _wer(BECKETT, text) <= 0.35, text  # cuts may split a word; most survive
+
+
+def test_push_never_waits_for_inference_and_reset_forgets(asr: MoonshineAsr) -> None:
+    gate = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(gate.wait)  # the only worker is busy until we say so
+        inc = IncrementalTranscriber(asr, pool, pause_s=0.3)
+        x = _beckett()[: int(2.2 * RATE)]
+        for i, speech in enumerate(_speech_flags(x) + [False] * 20):
+            frame = x[i * FRAME : (i + 1) * FRAME] if i * FRAME < x.size else np.zeros(FRAME)
+            inc.push(frame.astype(np.int16), speech)  # would hang here if it waited
+        inc.reset()
+        after_reset = inc.finish()
+        gate.set()
+        assert after_reset.result(timeout=10) == ""
+        inc.push(x, True)
+        assert "tried" in _words(inc.finish().result(timeout=30))
