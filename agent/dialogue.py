@@ -1,0 +1,454 @@
+"""The dialogue engine: caller text or keys in, what to say and do out.
+
+Rules first, from the operator's profile (:mod:`agent.profile`): intents matched by regular
+expressions, keywords compared word by word with a difflib ratio (so "ordered" still finds
+"order" and "ours" finds "hours": ASR slips), and example sentences; slots filled over
+several turns from spoken digits, numerals or keypad entry; reply templates; actions. Rules
+answer in well under a millisecond, so they never cost the caller latency. An optional LLM
+answers what no rule matched (or everything, in ``primary`` mode), spoken sentence by
+sentence as it streams. Nothing here raises into the call: an LLM failure is the fallback.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import TypeAlias
+
+from agent.llm import LlmClient
+from agent.profile import DTMF_KEYS, Actions, AgentProfile, Intent, SlotSpec, normalize
+from agent.sentences import SentenceBuffer
+
+__all__ = [
+    "DialogueEngine",
+    "Hangup",
+    "ReplyPart",
+    "Say",
+    "SendDtmf",
+    "Transfer",
+    "digit_runs",
+    "yes_no",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Say:
+    text: str
+
+
+@dataclass(frozen=True)
+class Transfer:
+    target: str
+
+
+@dataclass(frozen=True)
+class Hangup:
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class SendDtmf:
+    digits: str
+
+
+ReplyPart: TypeAlias = Say | Transfer | Hangup | SendDtmf
+
+_UNITS = {"zero": 0, "oh": 0, "o": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
+_UNITS |= {"six": 6, "seven": 7, "eight": 8, "nine": 9}
+_TEENS = {"ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15}
+_TEENS |= {"sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19}
+_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70}
+_TENS |= {"eighty": 80, "ninety": 90}
+# ASR homophones, read as digits only between two number words ("one to three" -> 123).
+_SOUNDALIKE = {"to": "2", "too": "2", "for": "4", "won": "1", "ate": "8"}
+_YES = {"yes", "yeah", "yep", "yup", "sure", "correct", "right", "ok", "okay", "affirmative"}
+_YES |= {"absolutely", "definitely", "certainly", "indeed"}
+_NO = {"no", "nope", "nah", "not", "dont", "negative", "never"}
+
+
+def _number_at(words: Sequence[str], i: int) -> tuple[str | None, int]:
+    """The digits spoken at ``words[i]`` and how many words they took."""
+    w, nxt = words[i], (words[i + 1] if i + 1 < len(words) else "")
+    if w.isdigit():
+        return w, 1
+    if w in ("double", "triple") and (nxt in _UNITS or (nxt.isdigit() and len(nxt) == 1)):
+        d = nxt if nxt.isdigit() else str(_UNITS[nxt])
+        return d * (2 if w == "double" else 3), 2
+    if w in _UNITS and nxt == "hundred":
+        value, j = _UNITS[w] * 100, i + 2
+        j += j < len(words) and words[j] == "and"
+        rest, used = _number_at(words, j) if j < len(words) else (None, 0)
+        if rest is not None and len(rest) <= 2 and words[j] not in ("oh", "o"):
+            return str(value + int(rest)), j - i + used
+        return str(value), 2
+    if w in _UNITS and w not in ("oh", "o"):
+        return str(_UNITS[w]), 1
+    if w in _TEENS:
+        return str(_TEENS[w]), 1
+    if w in _TENS:
+        if nxt in _UNITS and _UNITS[nxt] > 0:
+            return str(_TENS[w] + _UNITS[nxt]), 2
+        return str(_TENS[w]), 1
+    return None, 0
+
+
+def digit_runs(words: Sequence[str]) -> list[str]:
+    """Runs of spoken digits: "one two three" and "1 2 3" -> "123", "twelve thirty four" ->
+    "1234", "double five" -> "55"; "oh" is a zero only after another number."""
+    runs: list[str] = []
+    cur: list[str] = []
+    i = 0
+    while i < len(words):
+        piece, used = _number_at(words, i)
+        w = words[i]
+        between = cur and i + 1 < len(words) and _number_at(words, i + 1)[0] is not None
+        if piece is None and cur and w in ("oh", "o"):
+            piece, used = "0", 1
+        elif piece is None and between and w in _SOUNDALIKE:
+            piece, used = _SOUNDALIKE[w], 1
+        if piece is None:
+            if cur:
+                runs.append("".join(cur))
+                cur = []
+            i += 1
+            continue
+        cur.append(piece)
+        i += used
+    if cur:
+        runs.append("".join(cur))
+    return runs
+
+
+def yes_no(words: Sequence[str]) -> str | None:
+    """ "yes", "no", or None when the answer is neither or both."""
+    y, n = any(w in _YES for w in words), any(w in _NO for w in words)
+    return "yes" if y and not n else "no" if n and not y else None
+
+
+def _slot_value(slot: SlotSpec, words: Sequence[str]) -> str | None:
+    if slot.kind == "yes_no":
+        return yes_no(words)
+    for run in digit_runs(words):
+        if slot.min_length <= len(run) <= slot.max_length:
+            return run
+    return None
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _word_sim(k: str, w: str, threshold: float) -> float:
+    """Similarity of keyword word ``k`` and heard word ``w``; 0 below ``threshold``.
+    Cached: callers repeat their words, and difflib is the engine's only real cost."""
+    if k == w:
+        return 1.0
+    if min(len(k), len(w)) < 4:  # "no"/"now", "bye"/"by": short words must be exact
+        return 0.0
+    if (w.startswith(k) and len(w) - len(k) <= 3) or (k.startswith(w) and len(k) - len(w) <= 2):
+        return 0.9  # "open"/"opening", "ordered"/"order"; not "some"/"someone"
+    sm = difflib.SequenceMatcher(None, k, w)
+    if sm.real_quick_ratio() < threshold or sm.quick_ratio() < threshold:
+        return 0.0
+    r = sm.ratio()
+    return r if r >= threshold else 0.0
+
+
+def _phrase_score(phrase: Sequence[str], words: Sequence[str], threshold: float) -> float:
+    """Best window of ``words`` against the keyword phrase: its weakest word's similarity."""
+    best = 0.0
+    for i in range(len(words) - len(phrase) + 1):
+        score = 1.0
+        for k, w in zip(phrase, words[i : i + len(phrase)], strict=True):
+            score = min(score, _word_sim(k, w, threshold))
+            if not score:
+                break
+        best = max(best, score)
+    return best
+
+
+class DialogueEngine:
+    """One call's conversation. Feed it turns (:meth:`respond`) and keys (:meth:`on_dtmf`);
+    speak the :class:`Say` parts, carry out the others, and report what was really heard
+    with :meth:`played` (barge-in may cut a reply short)."""
+
+    def __init__(
+        self,
+        profile: AgentProfile,
+        *,
+        llm: LlmClient | None = None,
+        variables: Mapping[str, str] = MappingProxyType({}),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.profile = profile
+        if llm is None and profile.llm is not None:
+            llm = LlmClient.from_settings(profile.llm)
+        self.llm = llm
+        self.primary = llm is not None and profile.llm is not None and profile.llm.mode == "primary"
+        self.transcript: list[tuple[str, str]] = []
+        self.turns = 0
+        self.misses = 0  # in a row
+        self.ended = False  # after a hang-up or transfer
+        self._vars = {"caller": "", "callee": ""} | dict(profile.variables) | dict(variables)
+        self._clock = clock
+        self._start = clock()
+        self._intent: Intent | None = None
+        self._pending: str | None = None  # the slot being asked for
+        self._filled: dict[str, str] = {}
+        self._keys = ""  # keypad digits typed into a digits slot so far
+        self._llm_warned = False
+
+    def greeting(self) -> list[ReplyPart]:
+        return [Say(self.profile.greeting.render(self._vars))]
+
+    def played(self, said: str) -> None:
+        """What the caller actually heard of a reply (all of it, or up to the barge-in)."""
+        if said.strip():
+            self.transcript.append(("agent", said.strip()))
+
+    def check_limits(self) -> list[ReplyPart]:
+        """Call now and then (e.g. once a second): the closing line once the call is too long."""
+        return self._time_up()
+
+    def on_transfer_result(self, succeeded: bool) -> list[ReplyPart]:
+        """A failed transfer hands the caller back to the engine, with an apology."""
+        if succeeded or not self.ended:
+            return []
+        self.ended = False
+        t = self.profile.fallback.transfer_failed
+        text = t.render(self._vars) if t else "Sorry, I couldn't connect you. How else can I help?"
+        return [Say(text)]
+
+    async def respond(self, text: str) -> AsyncIterator[ReplyPart]:
+        """One caller turn (the ASR text)."""
+        if self.ended or not text.strip():
+            return
+        self.transcript.append(("caller", text.strip()))
+        if closing := self._time_up():
+            for part in closing:
+                yield part
+            return
+        self.turns += 1
+        words = normalize(text)
+        intent: Intent | None = None
+        if self._pending is not None:
+            slot = self.profile.slots[self._pending]
+            value = _slot_value(slot, words)
+            intent = self._match(words)
+            if value is not None or intent is None or intent is self._intent:
+                parts = (
+                    self._fill(value)
+                    if value is not None
+                    else self._miss(slot.retry.render(self._vars))
+                )
+                for part in parts + self._after_turn():
+                    yield part
+                return
+        else:
+            intent = self._match(words)
+        if intent is not None:
+            parts = self._begin(intent, words)
+        elif self.llm is not None:
+            async for part in self._ask_llm():
+                yield part
+            parts = []
+        else:
+            parts = self._miss(None)
+        for part in parts + self._after_turn():
+            yield part
+
+    async def on_dtmf(self, digit: str) -> AsyncIterator[ReplyPart]:
+        """One key: fills a digits slot ('#' ends, '*' clears), else picks a menu intent."""
+        if self.ended or len(digit) != 1 or digit not in DTMF_KEYS:
+            return
+        if closing := self._time_up():
+            for part in closing:
+                yield part
+            return
+        slot = self.profile.slots[self._pending] if self._pending else None
+        if slot is not None and slot.kind == "digits":
+            if digit == "*":
+                self._keys = ""
+                return
+            if digit != "#":
+                self._keys += digit
+                if len(self._keys) < slot.max_length:
+                    return
+            value, self._keys = self._keys, ""
+            if not value:
+                return
+            self.transcript.append(("caller", f"(keypad {value})"))
+            ok = slot.min_length <= len(value) <= slot.max_length
+            parts = self._fill(value) if ok else self._miss(slot.retry.render(self._vars))
+        elif slot is not None:  # yes_no: 1 = yes, 2 = no
+            self.transcript.append(("caller", f"(keypad {digit})"))
+            answer = {"1": "yes", "2": "no"}.get(digit)
+            parts = self._fill(answer) if answer else self._miss(slot.retry.render(self._vars))
+        elif digit == "#":
+            return
+        else:
+            self.transcript.append(("caller", f"(keypad {digit})"))
+            intent = next((i for i in self.profile.intents if i.dtmf == digit), None)
+            parts = self._begin(intent, ()) if intent else self._miss(None)
+        self.turns += 1
+        for part in parts + self._after_turn():
+            yield part
+
+    # -- rules -------------------------------------------------------------------------
+
+    def _match(self, words: Sequence[str]) -> Intent | None:
+        """The best-scoring intent, ties to the one first in the file; None below thresholds."""
+        m = self.profile.matching
+        joined = " ".join(words)
+        best, best_score = None, 0.0
+        for intent in self.profile.intents:
+            if self.primary and not intent.override_llm:
+                continue
+            score = 1.0 if any(p.search(joined) for p in intent.patterns) else 0.0
+            thr = m.fuzzy_threshold
+            hits = [s for s in (_phrase_score(k, words, thr) for k in intent.keywords) if s]
+            if hits:  # several keywords heard: a little more sure
+                score = max(score, max(hits) + 0.01 * (len(hits) - 1))
+            for ex in intent.examples:
+                r = difflib.SequenceMatcher(None, ex, words).ratio()
+                if r >= m.example_threshold:
+                    score = max(score, r)
+            if score > best_score:
+                best, best_score = intent, score
+        return best
+
+    def _begin(self, intent: Intent, words: Sequence[str]) -> list[ReplyPart]:
+        """Start an intent; digits already said ("where is order 12345") fill its slots."""
+        self._intent, self._filled, self._pending, self._keys = intent, {}, None, ""
+        for name in intent.slots:
+            slot = self.profile.slots[name]
+            if slot.kind == "digits" and (v := _slot_value(slot, words)) is not None:
+                self._filled[name] = v
+        return self._proceed()
+
+    def _fill(self, value: str) -> list[ReplyPart]:
+        assert self._pending is not None
+        self._filled[self._pending] = value
+        self._pending = None
+        return self._proceed()
+
+    def _proceed(self) -> list[ReplyPart]:
+        """Ask for the next missing slot, or answer with everything filled."""
+        intent = self._intent
+        assert intent is not None
+        values = self._vars | self._filled
+        for name in intent.slots:
+            if name not in self._filled:
+                self._pending = name
+                return [Say(self.profile.slots[name].prompt.render(values))]
+        lk = intent.lookup
+        if lk is not None:
+            row = self.profile.data[lk.table].get(self._filled[lk.key])
+            if row is None:  # ask again: the caller may have misspoken
+                text = lk.not_found.render(values)
+                del self._filled[lk.key]
+                self._pending = lk.key
+                return self._miss(text)
+            values |= {f"{lk.alias}.{k}": v for k, v in row.items()}
+        no = any(
+            self._filled.get(s) == "no" and self.profile.slots[s].kind == "yes_no"
+            for s in intent.slots
+        )
+        self._intent, self.misses = None, 0
+        return self._act(intent.on_no if no and intent.on_no else intent.then, values)
+
+    def _act(self, acts: Actions, values: dict[str, str]) -> list[ReplyPart]:
+        for var, template in acts.set:
+            self._vars[var] = values[var] = template.render(values)
+        parts: list[ReplyPart] = []
+        if text := acts.reply.render(values):
+            parts.append(Say(text))
+        if acts.send_dtmf:
+            parts.append(SendDtmf(acts.send_dtmf))
+        if acts.transfer:
+            parts.append(Transfer(acts.transfer))
+        elif acts.hangup:
+            parts.append(Hangup("intent"))
+        self.ended = bool(acts.transfer or acts.hangup)
+        return parts
+
+    def _miss(self, text: str | None) -> list[ReplyPart]:
+        """Not understood: the fallback (or ``text``); after N in a row, escalate."""
+        fb = self.profile.fallback
+        self.misses += 1
+        if fb.escalate_after and self.misses >= fb.escalate_after:
+            self._intent, self._pending, self.misses, self.ended = None, None, 0, True
+            parts: list[ReplyPart] = []
+            if fb.escalate_reply is not None:
+                parts.append(Say(fb.escalate_reply.render(self._vars)))
+            target = fb.escalate_transfer
+            parts.append(Transfer(target) if target else Hangup("too many misses"))
+            return parts
+        if text is None:
+            text = fb.replies[min(self.misses, len(fb.replies)) - 1].render(self._vars)
+        return [Say(text)]
+
+    def _after_turn(self) -> list[ReplyPart]:
+        lim = self.profile.limits
+        if self.ended or not lim.max_turns or self.turns < lim.max_turns:
+            return []
+        self.ended = True
+        return [Say(lim.closing.render(self._vars)), Hangup("max turns")]
+
+    def _time_up(self) -> list[ReplyPart]:
+        lim = self.profile.limits
+        if self.ended or not lim.max_call_s or self._clock() - self._start < lim.max_call_s:
+            return []
+        self.ended = True
+        return [Say(lim.closing.render(self._vars)), Hangup("max call length")]
+
+    # -- LLM ---------------------------------------------------------------------------
+
+    def _messages(self) -> list[dict[str, str]]:
+        out: list[dict[str, str]] = []
+        assert self.profile.llm is not None or self.llm is not None
+        system = self.profile.llm.system_prompt.render(self._vars) if self.profile.llm else ""
+        if system:
+            out.append({"role": "system", "content": system})
+        for who, text in self.transcript[-20:]:
+            role = "user" if who == "caller" else "assistant"
+            if out and out[-1]["role"] == role:
+                out[-1]["content"] += " " + text
+            else:
+                out.append({"role": role, "content": text})
+        return out
+
+    async def _ask_llm(self) -> AsyncIterator[ReplyPart]:
+        """Stream the model's answer as sentences; on any failure the fallback, logged."""
+        assert self.llm is not None
+        buf = SentenceBuffer()
+        said = False
+        try:
+            async with aclosing(self.llm.stream_chat(self._messages())) as stream:
+                async for delta in stream:
+                    for sentence in filter(None, map(_clean, buf.push(delta))):
+                        said = True
+                        yield Say(sentence)
+            for sentence in filter(None, map(_clean, buf.flush())):
+                said = True
+                yield Say(sentence)
+        except Exception as exc:  # an LLM problem must never end the call
+            level = logging.DEBUG if self._llm_warned else logging.WARNING
+            log.log(level, "LLM failed, using the fallback reply: %s", exc)
+            self._llm_warned = True
+        if said:
+            self.misses = 0
+        else:
+            for part in self._miss(None):
+                yield part
+
+
+def _clean(s: str) -> str:
+    """No markdown on the phone."""
+    return " ".join(re.sub(r"[*_#`]+", "", s).split())

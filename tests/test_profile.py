@@ -1,0 +1,222 @@
+"""Agent profiles: the demo loads, and every operator mistake names file, line and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agent.profile import ProfileError, load_profile, parse_template
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "config" / "agents" / "demo.toml"
+
+MINIMAL = """\
+[agent]
+greeting = "Hello {caller}."
+
+[intents.hours]
+keywords = ["hours"]
+reply = "We're open {hours}."
+
+[variables]
+hours = "9 to 5"
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "agent.toml"
+    p.write_text(text)
+    return p
+
+
+def test_demo_profile_loads_with_its_intents_slots_and_orders() -> None:
+    prof = load_profile(DEMO)
+    assert prof.name == "acme-demo"
+    names = {i.name for i in prof.intents}
+    assert {"hours", "order_status", "cancel_order", "human", "goodbye"} <= names
+    assert {i.dtmf: i.name for i in prof.intents if i.dtmf} == {
+        "1": "hours",
+        "2": "order_status",
+        "0": "human",
+    }
+    assert prof.slots["order_number"].kind == "digits"
+    assert (prof.slots["order_number"].min_length, prof.slots["order_number"].max_length) == (5, 5)
+    assert prof.slots["confirm"].kind == "yes_no"
+    assert "shipped" in prof.data["orders"]["12345"]["status"]
+    assert prof.greeting.render(prof.variables).startswith("Thanks for calling Acme Support")
+    assert prof.llm is None  # mode = "off" in the demo
+    assert prof.limits.max_turns == 20 and prof.limits.max_call_s == 300
+    assert prof.fallback.escalate_after == 3
+    assert prof.fallback.escalate_transfer.startswith("sip:")
+    assert prof.barge_in.enabled and prof.barge_in.min_speech_ms == 250
+    assert prof.voice.length_scale == 1.0
+
+
+def test_minimal_profile_gets_defaults(tmp_path: Path) -> None:
+    prof = load_profile(_write(tmp_path, MINIMAL))
+    assert prof.name == "agent"  # the file name
+    assert prof.llm is None and prof.limits.max_turns == 0
+    assert prof.greeting.render({"caller": "Ann"}) == "Hello Ann."
+    assert prof.intents[0].then.reply.render(prof.variables) == "We're open 9 to 5."
+
+
+def test_llm_section_is_read(tmp_path: Path) -> None:
+    text = MINIMAL + (
+        '[llm]\nmode = "primary"\nbase_url = "http://127.0.0.1:8080/v1"\nmodel = "m"\n'
+        'system_prompt = "Hours: {hours}"\ntimeout_s = 2\n'
+    )
+    llm = load_profile(_write(tmp_path, text)).llm
+    assert llm is not None and llm.mode == "primary" and llm.model == "m"
+    assert llm.timeout_s == 2.0 and llm.max_tokens == 150
+    assert llm.system_prompt.render({"hours": "9-5"}) == "Hours: 9-5"
+
+
+def test_templates_escape_braces_and_spell_digits() -> None:
+    t = parse_template("Order {n:spell} {{ok}} {row.status}")
+    assert t.names == {"n", "row.status"}
+    assert t.render({"n": "12345", "row.status": "shipped"}) == "Order 1 2 3 4 5 {ok} shipped"
+    for bad in ("{", "a } b", "{1x}", "{a b}", "{n:upper}"):
+        with pytest.raises(ValueError):
+            parse_template(bad)
+
+
+@pytest.mark.parametrize(
+    ("extra", "line", "key", "words"),
+    [
+        # a template naming an unknown slot, caught at load time
+        (
+            '[intents.order]\nkeywords = ["order"]\nslots = ["order_number"]\n'
+            'reply = "Order {order_numbr}."\n[slots.order_number]\ntype = "digits"\n'
+            'prompt = "Number?"\n',
+            13,
+            "intents.order.reply",
+            "unknown placeholder {order_numbr}",
+        ),
+        ("[agent2]\nx = 1\n", 10, "agent2", "unknown section"),
+        ("[limits]\nmax_turn = 3\n", 11, "limits.max_turn", "unknown key"),
+        ('[limits]\nmax_turns = "3"\n', 11, "limits.max_turns", "expected int"),
+        ("[limits]\nmax_call_s = -1\n", 11, "limits.max_call_s", "must be 0..86400"),
+        ('[intents.x]\nreply = "hi"\n', 10, "intents.x", "can never match"),
+        (
+            '[intents.x]\npatterns = ["(open"]\nreply = "hi"\n',
+            11,
+            "intents.x.patterns",
+            "bad regular",
+        ),
+        ('[intents.x]\nkeywords = ["x"]\n', 10, "intents.x.reply", "is required"),
+        (
+            '[intents.x]\nkeywords = ["x"]\nslots = ["nope"]\nreply = "a"\n',
+            12,
+            "intents.x.slots",
+            "unknown slot 'nope'",
+        ),
+        ('[intents.x]\nkeywords = [1]\nreply = "a"\n', 11, "intents.x.keywords", "list of strings"),
+        (
+            '[intents.x]\ndtmf = "12"\nkeywords = ["x"]\nreply = "a"\n',
+            11,
+            "intents.x.dtmf",
+            "one key",
+        ),
+        (
+            '[intents.x]\ndtmf = "1"\nreply = "a"\n[intents.y]\ndtmf = "1"\nreply = "b"\n',
+            14,
+            "intents.y.dtmf",
+            "also x",
+        ),
+        (
+            '[intents.x]\nkeywords = ["x"]\nreply = "a"\nsend_dtmf = "12x"\n',
+            13,
+            "intents.x.send_dtmf",
+            "allowed",
+        ),
+        (
+            '[intents.x]\nkeywords = ["x"]\nreply = "a"\nset = { topic = "{nothing}" }\n',
+            13,
+            "intents.x.set.topic",
+            "unknown placeholder {nothing}",
+        ),
+        ('[slots.s]\ntype = "text"\nprompt = "?"\n', 11, "slots.s.type", "not one of digits"),
+        ('[slots.s]\ntype = "digits"\n', 10, "slots.s.prompt", "is required"),
+        ('[fallback]\nreplies = ["Sorry {who}?"]\n', 11, "fallback.replies", "{who}"),
+        (
+            '[llm]\nbase_url = "https://api.example.com"\nmodel = "m"\n',
+            11,
+            "llm.base_url",
+            "http://",
+        ),
+        (
+            '[llm]\nmode = "always"\nbase_url = "http://h:1"\nmodel = "m"\n',
+            11,
+            "llm.mode",
+            "not one of off",
+        ),
+        ('[llm]\nbase_url = "http://h:1"\n', 10, "llm.model", "is required"),
+        ("[voice]\nlength_scale = 5\n", 11, "voice.length_scale", "must be 0.5..2"),
+        ("[data.orders]\nx = 1\n", 11, "data.orders.x", "row table"),
+    ],
+)
+def test_mistakes_name_file_line_and_key(
+    tmp_path: Path, extra: str, line: int, key: str, words: str
+) -> None:
+    p = _write(tmp_path, MINIMAL + extra)
+    with pytest.raises(ProfileError) as err:
+        load_profile(p)
+    e = err.value
+    assert (e.path, e.line, e.key) == (str(p), line, key), str(e)
+    assert words in str(e)
+    assert str(e).startswith(f"{p}:{line}: {key}: ")
+
+
+def test_lookup_mistakes(tmp_path: Path) -> None:
+    base = MINIMAL + (
+        '[slots.n]\ntype = "digits"\nprompt = "Number?"\n'
+        '[data.orders.123]\nstatus = "shipped"\n'
+        "[intents.o]\n"
+        'keywords = ["order"]\nslots = ["n"]\n'
+    )
+    cases = [
+        (
+            'lookup = { table = "order", key = "n", as = "o" }\nnot_found = "?"\nreply = "x"\n',
+            "no table data.'order'",
+        ),
+        (
+            'lookup = { table = "orders", key = "m", as = "o" }\nnot_found = "?"\nreply = "x"\n',
+            "must be one of this intent's slots",
+        ),
+        ('lookup = { table = "orders", key = "n", as = "o" }\nreply = "x"\n', "not_found"),
+        (
+            'lookup = { table = "orders", key = "n", as = "o" }\nnot_found = "?"\n'
+            'reply = "{o.colour}"\n',
+            "unknown placeholder {o.colour}",
+        ),
+    ]
+    for tail, words in cases:
+        with pytest.raises(ProfileError, match=words) as err:
+            load_profile(_write(tmp_path, base + tail))
+        assert err.value.line is not None and err.value.line >= 15  # [intents.o] or below
+    ok = load_profile(
+        _write(
+            tmp_path,
+            base + 'lookup = { table = "orders", key = "n", as = "o" }\n'
+            'not_found = "No {n}."\nreply = "{n} {o.status}"\n',
+        )
+    )
+    assert ok.intents[1].lookup is not None and ok.intents[1].lookup.alias == "o"
+
+
+def test_yes_no_branch_needs_a_yes_no_slot(tmp_path: Path) -> None:
+    text = MINIMAL + '[intents.x]\nkeywords = ["x"]\nreply = "a"\n[intents.x.no]\nreply = "b"\n'
+    with pytest.raises(ProfileError, match="needs a yes_no slot") as err:
+        load_profile(_write(tmp_path, text))
+    assert err.value.key == "intents.x.no"
+
+
+def test_syntax_error_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError) as err:
+        load_profile(_write(tmp_path, MINIMAL + "[limits\n"))
+    assert err.value.key == "syntax" and err.value.line == 10
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_profile(tmp_path / "missing.toml")
+    with pytest.raises(ProfileError, match="greeting"):
+        load_profile(_write(tmp_path, '[intents.x]\nkeywords = ["x"]\nreply = "a"\n'))
