@@ -15,7 +15,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from agent.voice_settings import DEVICES, ModelSettings, VoiceSettings
 from sip_bridge.trunks import TrunkConfig, parse_trunks
+
+#: The shipped demo agent profile (config/agents/demo.toml in a checkout).
+DEMO_PROFILE = Path(__file__).resolve().parent.parent / "config" / "agents" / "demo.toml"
 
 __all__ = [
     "AgentConfig",
@@ -117,6 +121,8 @@ class AgentConfig:
     playback_file: str = ""
     playback_loop: bool = False
     playback_hangup_at_end: bool = True
+    voice_profile: str = str(DEMO_PROFILE)  # the dialogue: greeting, intents, replies
+    voice: VoiceSettings = field(default_factory=VoiceSettings)
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,7 @@ class BridgeConfig:
     trunks: tuple[TrunkConfig, ...] = ()
     inbound: InboundConfig = field(default_factory=InboundConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
+    models: ModelSettings = field(default_factory=ModelSettings)
     path: str = "<defaults>"
 
     def with_overrides(
@@ -176,7 +183,7 @@ class BridgeConfig:
         return cfg
 
 
-AGENTS = ("echo", "tone", "playback")
+AGENTS = ("voice", "echo", "tone", "playback")
 TRANSPORTS = ("udp", "tcp")
 SYMMETRIC = ("off", "auto", "on")
 
@@ -204,7 +211,28 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "rtp": {"ports": (str,), "symmetric": (str,)},
     "jitter": {"min_delay_ms": (int,), "max_delay_ms": (int,)},
-    "agent": {"name": (str,), "echo": (dict,), "tone": (dict,), "playback": (dict,)},
+    "agent": {
+        "name": (str,),
+        "voice": (dict,),
+        "echo": (dict,),
+        "tone": (dict,),
+        "playback": (dict,),
+    },
+    "agent.voice": {
+        "profile": (str,),
+        "echo_margin_db": (int, float),
+        "turn_threshold": (int, float),
+        "pause_ms": (int,),
+        "max_silence_ms": (int,),
+        "min_speech_ms": (int,),
+    },
+    "models": {
+        "dir": (str,),
+        "device": (str,),
+        "threads": (int,),
+        "workers": (int,),
+        "batch_vad": (bool,),
+    },
     "agent.echo": {"delay_s": (int, float)},
     "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
     "agent.playback": {"file": (str,), "loop": (bool,), "hangup_at_end": (bool,)},
@@ -362,6 +390,8 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     echo = agent.pop("echo", {})
     tone = agent.pop("tone", {})
     playback = agent.pop("playback", {})
+    voice = dict(agent.pop("voice", {}))
+    profile = voice.pop("profile", None)
     agent_cfg = AgentConfig(
         echo_delay_s=float(echo.get("delay_s", 0.5)),
         tone_freq_hz=float(tone.get("freq_hz", 1000.0)),
@@ -369,8 +399,16 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         playback_file=str(playback.get("file", "")),
         playback_loop=bool(playback.get("loop", False)),
         playback_hangup_at_end=bool(playback.get("hangup_at_end", True)),
+        voice=_build_voice(voice, text, p),
         **agent,
     )
+    if profile is not None:
+        f = Path(profile)
+        f = f if f.is_absolute() else Path(p).resolve().parent / f  # relative to the config file
+        if not f.is_file():
+            line = _line_of(text, "agent.voice", "profile")
+            raise ConfigError(p, line, "agent.voice.profile", f"no such file: {f}")
+        agent_cfg = replace(agent_cfg, voice_profile=str(f))
     _check_choice(agent_cfg.name, AGENTS, p, _line_of(text, "agent", "name"), "agent.name")
     if not 0 <= agent_cfg.echo_delay_s <= 10:
         raise ConfigError(
@@ -398,7 +436,15 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     control = ControlConfig(**data.get("control", {}))
     if control.socket and not Path(control.socket).is_absolute():
         control = ControlConfig(str(Path(p).resolve().parent / control.socket))
+    models = ModelSettings(**data.get("models", {}))
+    _check_choice(models.device, DEVICES, p, _line_of(text, "models", "device"), "models.device")
+    for key in ("threads", "workers"):
+        if not 1 <= getattr(models, key) <= 64:
+            raise ConfigError(p, _line_of(text, "models", key), f"models.{key}", "must be 1..64")
+    if models.dir and not Path(models.dir).is_absolute():
+        models = replace(models, dir=str(Path(p).resolve().parent / models.dir))
     return BridgeConfig(
+        models=models,
         sip=sip_cfg,
         rtp=rtp,
         jitter=jitter,
@@ -408,6 +454,26 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         control=control,
         path=p,
     )
+
+
+def _build_voice(voice: dict[str, Any], text: str, p: str) -> VoiceSettings:
+    """[agent.voice] turn-taking settings, each checked against a sane range."""
+    v = VoiceSettings(**voice)
+    limits = {
+        "echo_margin_db": (0, 60),
+        "turn_threshold": (0, 1),
+        "pause_ms": (20, 5000),
+        "max_silence_ms": (100, 10000),
+        "min_speech_ms": (0, 2000),
+    }
+    for key, (low, high) in limits.items():
+        if not low <= getattr(v, key) <= high:
+            line = _line_of(text, "agent.voice", key)
+            raise ConfigError(p, line, f"agent.voice.{key}", f"must be {low}..{high}")
+    if v.max_silence_ms < v.pause_ms:
+        line = _line_of(text, "agent.voice", "max_silence_ms")
+        raise ConfigError(p, line, "agent.voice.max_silence_ms", "must be >= pause_ms")
+    return v
 
 
 def _build_tls(tls: TlsConfig, text: str, p: str) -> TlsConfig:

@@ -24,11 +24,9 @@ from agent.base import (
     TransferRequest,
     TransferResult,
 )
-from agent.echo import EchoAgent
-from agent.playback import PlaybackAgent
-from agent.tone import ToneAgent
 from sip_bridge import __version__
 from sip_bridge.admission import InboundPolicy
+from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config import BridgeConfig
 from sip_bridge.control import ControlServer
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
@@ -60,20 +58,6 @@ from sip_bridge.ua import (
 __all__ = ["BridgeServer", "make_agent"]
 
 log = logging.getLogger(__name__)
-
-
-def make_agent(config: BridgeConfig) -> Agent:
-    """The configured agent for a new call."""
-    a = config.agent
-    if a.name == "echo":
-        return EchoAgent(delay_s=a.echo_delay_s)
-    if a.name == "tone":
-        return ToneAgent(freq_hz=a.tone_freq_hz, level_dbfs=a.tone_level_dbfs)
-    if a.name == "playback":
-        return PlaybackAgent(
-            a.playback_file, loop=a.playback_loop, hangup_at_end=a.playback_hangup_at_end
-        )
-    raise ValueError(f"unknown agent {a.name!r}")
 
 
 @dataclass(eq=False)
@@ -122,6 +106,9 @@ class BridgeServer:
 
     async def start(self) -> None:
         sip = self.config.sip
+        if self.config.agent.name == "voice" and self.agent_factory is make_agent:
+            # models load and warm up before we listen: the first caller must not wait
+            await asyncio.get_running_loop().run_in_executor(None, prepare_agents, self.config)
         await self.transport.start(sip.listen_host, sip.listen_port, sip.transports)
         assert self.transport.local is not None
         if sip.tls.enabled:

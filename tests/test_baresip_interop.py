@@ -36,7 +36,7 @@ from peers.support import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-ECHO_DELAY_S = 0.5  # the shipped config/bridge.toml
+ECHO_DELAY_S = 0.5  # the shipped config/bridge.toml's [agent.echo]
 
 
 def _call_bridge(phone: Baresip, uri: str) -> None:
@@ -63,7 +63,7 @@ def test_baresip_calls_make_run_and_hears_its_tone_echoed(tmp_path: Path) -> Non
         [
             sys.executable, "-m", "sip_bridge.cli", "run",
             "--config", str(ROOT / "config" / "bridge.toml"),
-            "--listen", "127.0.0.1:0", "--rtp-ports", rtp_ports,
+            "--listen", "127.0.0.1:0", "--rtp-ports", rtp_ports, "--agent", "echo",
         ],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip

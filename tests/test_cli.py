@@ -37,7 +37,7 @@ def test_version_flag() -> None:
 def test_run_prints_the_uri_answers_options_and_stops_on_sigterm() -> None:
     proc = _cli(
         "run", "--config", "config/bridge.toml", "--listen", "127.0.0.1:0",
-        "--rtp-ports", "45000-45099", "--max-calls", "3",
+        "--rtp-ports", "45000-45099", "--max-calls", "3", "--agent", "echo",
     )  # fmt: skip
     try:
         assert proc.stdout is not None

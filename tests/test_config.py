@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,11 @@ def test_shipped_default_is_valid_and_equals_the_built_in_defaults() -> None:
     assert cfg.sip == builtin.sip
     assert cfg.rtp == builtin.rtp
     assert cfg.jitter == builtin.jitter
-    assert cfg.agent == builtin.agent
+    # the shipped file answers with the voice agent; code that builds a BridgeConfig() by
+    # hand (tests, embedders) gets the model-free echo agent
+    assert cfg.agent.name == "voice"
+    assert replace(cfg.agent, name=builtin.agent.name) == builtin.agent
+    assert cfg.models == builtin.models
     assert cfg.sip.listen_port == 5060
     assert cfg.rtp.port_range == (20000, 20999)
 
@@ -41,7 +46,18 @@ def _write(tmp_path: Path, text: str) -> Path:
         ("[sip.timers]\nt1 = 0\n", 2, "sip.timers.t1", "> 0"),
         ('[rtp]\nports = "30000-20000"\n', 2, "rtp.ports", "LOW < HIGH"),
         ('[rtp]\nsymmetric = "maybe"\n', 2, "rtp.symmetric", "off, auto, on"),
-        ('[agent]\nname = "eliza"\n', 2, "agent.name", "not one of echo"),
+        ('[models]\ndevice = "tpu"\n', 2, "models.device", "not one of auto, cuda, cpu"),
+        ("[models]\nthreads = 0\n", 2, "models.threads", "must be 1..64"),
+        ("[agent.voice]\necho_margin_db = 90\n", 2, "agent.voice.echo_margin_db", "must be 0..60"),
+        ('[agent.voice]\nprofile = "nope.toml"\n', 2, "agent.voice.profile", "no such file"),
+        ("[agent.voice]\nbarge_ms = 1\n", 2, "agent.voice.barge_ms", "unknown key"),
+        (
+            "[agent.voice]\npause_ms = 900\nmax_silence_ms = 500\n",
+            3,
+            "agent.voice.max_silence_ms",
+            "must be >= pause_ms",
+        ),
+        ('[agent]\nname = "eliza"\n', 2, "agent.name", "not one of voice, echo"),
         ("[agent.echo]\ndelay_s = 99\n", 2, "agent.echo.delay_s", "0..10"),
         ("[sip]\nanswer_after_s = 61\n", 2, "sip.answer_after_s", "0..60"),
         ("[agent.tone]\nfreq_hz = 5000\n", 2, "agent.tone.freq_hz", "20..3400"),

@@ -1,0 +1,106 @@
+"""What of the agent's reply the caller has actually heard, counted in the agent's own ticks.
+
+The bridge paces whatever an agent writes at one frame per tick, and calls ``on_audio``
+once per tick, so an agent that counts ticks knows which of its samples is on the wire
+now without asking the bridge. That gives barge-in two things it needs: the level of our
+own voice at this moment (line echo of it must not count as the caller talking), and,
+when the caller cuts in, how much of each sentence was heard, so the transcript records
+only that.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["ReplyPlayout"]
+
+
+@dataclass
+class _Sentence:
+    text: str
+    start: int  # sample offsets on the reply's timeline
+    end: int
+
+
+class ReplyPlayout:
+    """A model of the bridge's outbound queue for one call (pure: no clock, no I/O)."""
+
+    def __init__(self) -> None:
+        self._audio: deque[NDArray[np.int16]] = deque()
+        self._offset = 0  # samples of _audio[0] already played
+        self.written = 0  # samples written since the last reset
+        self.head = 0  # samples played since the last reset
+        self._sentences: list[_Sentence] = []
+        self._reported = 0  # sentences already handed out by take_heard()
+
+    @property
+    def queued(self) -> int:
+        """Samples written but not yet played."""
+        return self.written - self.head
+
+    @property
+    def playing(self) -> bool:
+        return self.written > self.head
+
+    def begin_sentence(self, text: str) -> None:
+        self._sentences.append(_Sentence(text, self.written, self.written))
+
+    def write(self, pcm: NDArray[np.int16]) -> None:
+        if not pcm.size:
+            return
+        self._audio.append(pcm)
+        self.written += pcm.size
+        if self._sentences:
+            self._sentences[-1].end = self.written
+
+    def advance(self, n: int) -> float:
+        """One tick of ``n`` samples went out; returns their RMS (0 when nothing played)."""
+        energy = 0.0
+        played = 0
+        while n > 0 and self._audio:
+            chunk = self._audio[0]
+            take = min(n, chunk.size - self._offset)
+            part = chunk[self._offset : self._offset + take].astype(np.float64)
+            energy += float(np.dot(part, part))
+            played += take
+            n -= take
+            self._offset += take
+            if self._offset >= chunk.size:
+                self._audio.popleft()
+                self._offset = 0
+        self.head += played
+        return (energy / played) ** 0.5 if played else 0.0
+
+    def take_heard(self) -> str:
+        """Text of sentences fully played since the last call (for the transcript)."""
+        done = [s.text for s in self._sentences[self._reported :] if s.end <= self.head]
+        self._reported += len(done)
+        return " ".join(done)
+
+    def cut(self) -> str:
+        """Barge-in: everything unplayed is dropped; returns what was heard and not yet
+        reported: whole sentences, then the words of the sentence being played in
+        proportion to its samples played (speech is roughly even in words per second)."""
+        heard = [self.take_heard()] if self._reported < len(self._sentences) else []
+        if self._reported < len(self._sentences):
+            s = self._sentences[self._reported]
+            span = max(1, s.end - s.start)
+            frac = min(1.0, max(0.0, (self.head - s.start) / span))
+            words = s.text.split()
+            part = words[: int(len(words) * frac)]
+            if part:
+                heard.append(" ".join(part) + " ...")
+        self.reset()
+        return " ".join(h for h in heard if h)
+
+    def reset(self) -> None:
+        self._audio.clear()
+        self._offset = 0
+        self.written = 0
+        self.head = 0
+        self._sentences.clear()
+        self._reported = 0

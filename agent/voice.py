@@ -1,0 +1,364 @@
+"""The default voice agent: VAD -> end of turn -> ASR -> dialogue -> TTS, with barge-in.
+
+It runs at 8 kHz, the line's own rate, so the bridge resamples nothing on the way in and
+Silero VAD hears the call straight; ASR and the end-of-turn model get a 16 kHz copy. The
+media loop only ever does the cheap per-tick work here (VAD windows, resampling, counters);
+end-of-turn scoring, ASR and TTS run on the shared executor of :class:`VoiceModels`, and
+their results come back to the loop, so 20 ms ticks are never held up by a model.
+
+Time inside the agent is counted in ticks (one ``on_audio`` call = one 20 ms frame on the
+wire), which is what lets :class:`ReplyPlayout` know what the caller is hearing right now.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Coroutine
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.base import (
+    Agent,
+    AgentEvent,
+    AgentOutput,
+    CallInfo,
+    DtmfEvent,
+    HangupEvent,
+    TransferRequest,
+    TransferResult,
+)
+from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, SendDtmf, Transfer
+from agent.profile import AgentProfile
+from agent.reply_playout import ReplyPlayout
+from agent.voice_models import VoiceModels
+from agent.voice_settings import VoiceSettings
+from resample import Resampler
+
+__all__ = ["TurnTiming", "VoiceAgent", "VoiceSettings"]
+
+log = logging.getLogger(__name__)
+
+RATE = 8000
+FRAME = 160  # samples per 20 ms tick at 8 kHz
+TICK_S = FRAME / RATE
+LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length limit
+ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
+
+
+@dataclass
+class TurnTiming:
+    """One caller turn, stage by stage (time.monotonic seconds; 0 = did not happen)."""
+
+    speech_end: float = 0.0  # the tick that carried the caller's last speech
+    turn_end: float = 0.0  # end of turn decided (model or timeout)
+    reason: str = ""
+    asr_done: float = 0.0
+    text: str = ""
+    reply_ready: float = 0.0  # the dialogue engine's first reply part
+    tts_first: float = 0.0  # TTS produced the first audio of the reply
+    first_write: float = 0.0  # that audio handed to the bridge
+    reply: list[str] = field(default_factory=list)
+    barged_in: bool = False
+
+
+class VoiceAgent(Agent):
+    name = "voice"
+    sample_rate = RATE
+
+    def __init__(
+        self,
+        models: VoiceModels,
+        profile: AgentProfile,
+        settings: VoiceSettings | None = None,
+        *,
+        engine_factory: Callable[[AgentProfile, CallInfo], DialogueEngine] | None = None,
+    ) -> None:
+        self.models = models
+        self.profile = profile
+        # barge-in is the profile's to shape (a menu may want it off, a chatty agent longer)
+        self.settings = replace(
+            settings or VoiceSettings(),
+            barge_in=profile.barge_in.enabled,
+            barge_in_ms=profile.barge_in.min_speech_ms,
+        )
+        self._engine_factory = engine_factory or (
+            lambda p, call: DialogueEngine(p, variables={"caller": call.caller})
+        )
+        self.engine: DialogueEngine | None = None
+        self.turns: list[TurnTiming] = []
+        self.events: list[AgentEvent] = []
+        self._out: AgentOutput | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._up = Resampler(RATE, 16000)
+        self._tts_down = Resampler(models.tts.sample_rate, RATE)
+        self._vad = models.vad_stream(self._on_vad)
+        self._stt = models.transcriber()
+        self._eot = models.end_of_turn(self.settings)
+        self.playout = ReplyPlayout()
+        self._tick = 0
+        self._user_speaking = False  # VAD's window-by-window decision
+        self._confirmed = False  # the segmenter's: speech that lasted (not a click)
+        self._speech_ticks = 0  # ticks of speech in the current turn
+        self._run = 0  # consecutive speech ticks (barge-in)
+        self._last_speech_t = 0.0
+        self._turn: TurnTiming | None = None
+        self._busy = False  # a reply is being produced or played
+        self._cancel = threading.Event()  # TTS of the current reply stops between sentences
+        self._gen = 0  # reply generation: audio from an older one is dropped
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._drained: asyncio.Event | None = None
+        self._closed = False
+        # the caller's audio while we talk: replayed into the ASR if they barge in
+        preroll = (self.settings.barge_in_ms + 300) // 20
+        self._ref: deque[float] = deque([0.0], maxlen=round(ECHO_S / TICK_S))  # our levels
+        self._preroll: deque[tuple[NDArray[np.int16], bool]] = deque(maxlen=preroll)
+
+    # -- Agent interface -------------------------------------------------------------------
+
+    async def start(self, call: CallInfo, output: AgentOutput) -> None:
+        self._out = output
+        self._loop = asyncio.get_running_loop()
+        self._drained = asyncio.Event()
+        self._drained.set()
+        self.engine = self._engine_factory(self.profile, call)
+        self._spawn(self._play_parts(_aiter(self.engine.greeting()), None))
+
+    def on_audio(self, pcm: NDArray[np.int16]) -> None:
+        self._tick += 1
+        if self._tick % LIMITS_EVERY == 0 and self.engine is not None:
+            closing = self.engine.check_limits()  # the call is too long: say so, hang up
+            if closing:
+                self._interrupt_with(closing)
+        now = time.monotonic()
+        self._ref.append(self.playout.advance(pcm.size))
+        if self._drained is not None and not self.playout.playing:
+            self._drained.set()
+        self._vad.push(pcm)
+        if self._user_speaking:
+            self._last_speech_t = now
+            self._speech_ticks += 1
+        if self._confirmed:
+            self._run += 1
+        else:
+            self._run = 0
+        pcm16 = self._up.process(pcm)
+        if self._busy:
+            self._preroll.append((pcm16, self._user_speaking))
+            if not self._should_barge_in(pcm):
+                return
+            self._barge_in()
+            for old, speaking in self._preroll:  # the caller's first words belong to the turn
+                self._stt.push(old, speaking)
+                self._eot.push(old, speaking)
+            self._preroll.clear()
+            return
+        self._stt.push(pcm16, self._user_speaking)
+        self._eot.push(pcm16, self._user_speaking)
+        if self._speech_ticks * TICK_S * 1000 >= self.settings.min_speech_ms and not self._busy:
+            decision = self._eot.decide()
+            if decision is not None:
+                self._end_turn(decision.reason, now)
+
+    def on_event(self, event: AgentEvent) -> None:
+        self.events.append(event)
+        if self.engine is None:
+            return
+        if isinstance(event, DtmfEvent):  # a key stops the reply, like speech does
+            if self._busy:
+                self._barge_in()
+            self._busy = True
+            self._spawn(self._play_parts(self.engine.on_dtmf(event.digit), None))
+        elif isinstance(event, TransferResult):
+            if event.outcome != "succeeded":
+                log.info("transfer to %s failed (%s)", event.target, event.status)
+            back = self.engine.on_transfer_result(event.outcome == "succeeded")
+            if back:
+                self._interrupt_with(back)
+        elif isinstance(event, HangupEvent):
+            self._cancel.set()
+
+    async def stop(self) -> None:
+        self._closed = True
+        self._cancel.set()
+        for t in list(self._tasks):
+            t.cancel()
+        for t in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        self._out = None
+
+    # -- listening -------------------------------------------------------------------------
+
+    def _on_vad(self, speech: bool, onset_lag: int | None, confirmed: bool | None) -> None:
+        self._user_speaking = speech
+        if confirmed is True:  # barge-in counts from where the speech began
+            self._confirmed = True
+            self._run = (onset_lag or 0) // FRAME
+        elif confirmed is False:
+            self._confirmed = False
+
+    def _should_barge_in(self, pcm: NDArray[np.int16]) -> bool:
+        """Speech for barge_in_ms, and louder than any echo of what we sent in the last
+        ECHO_S could be (the echo comes back a round trip later, attenuated)."""
+        s = self.settings
+        if not s.barge_in or self._run * TICK_S * 1000 < s.barge_in_ms:
+            return False
+        level = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
+        return level > max(self._ref) * 10 ** (-s.echo_margin_db / 20)
+
+    def _barge_in(self) -> None:
+        """The caller talks over us: stop the reply where it is, on the wire too."""
+        self._gen += 1
+        self._cancel.set()
+        dropped = self._out.flush() if self._out is not None else 0.0
+        heard = self.playout.cut()
+        if self.engine is not None:
+            self.engine.played(heard)
+        if self._turn is not None:
+            self._turn.barged_in = True
+        self._tts_down.reset()
+        self._stt.reset()
+        self._eot.reset()
+        self._busy = False
+        log.debug("barge-in: %.0f ms of reply dropped; heard %r", dropped, heard)
+        # the caller's words so far belong to the new turn: keep them
+        self._speech_ticks = self._run
+
+    def _interrupt_with(self, parts: list[ReplyPart]) -> None:
+        """Say something now, whatever was going on (limits, a failed transfer)."""
+        if self._busy:
+            self._barge_in()
+        self._busy = True
+        self._spawn(self._play_parts(_aiter(parts), None))
+
+    def _end_turn(self, reason: str, now: float) -> None:
+        timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason)
+        self.turns.append(timing)
+        self._turn = timing
+        self._busy = True
+        self._speech_ticks = 0
+        fut = self._stt.finish()
+        self._eot.reset()
+        self._spawn(self._answer(fut, timing, self._gen))
+
+    async def _answer(self, fut: Future[str], timing: TurnTiming, gen: int) -> None:
+        text = (await asyncio.wrap_future(fut)).strip()
+        timing.asr_done = time.monotonic()
+        timing.text = text
+        if gen != self._gen:
+            return  # the caller went on talking: that is the turn now
+        if not text or self.engine is None:
+            self._busy = False
+            return
+        log.info("caller: %s", text)
+        await self._play_parts(self.engine.respond(text), timing)
+
+    # -- speaking --------------------------------------------------------------------------
+
+    async def _play_parts(self, parts: AsyncIterator[ReplyPart], timing: TurnTiming | None) -> None:
+        self._busy = True
+        self._cancel = threading.Event()
+        gen = self._gen
+        try:
+            async for part in parts:
+                if gen != self._gen or self._closed:
+                    return  # barged in: the rest of this reply is stale
+                if timing is not None and not timing.reply_ready:
+                    timing.reply_ready = time.monotonic()
+                if isinstance(part, Say):
+                    if timing is not None:
+                        timing.reply.append(part.text)
+                    await self._say(part.text, gen, timing)
+                else:
+                    await self._wait_drained(gen)
+                    if gen == self._gen:
+                        self._act(part)
+            await self._wait_drained(gen)
+        finally:
+            if gen == self._gen:
+                if self.engine is not None:
+                    heard = self.playout.take_heard()
+                    if heard:
+                        self.engine.played(heard)
+                self._busy = False
+                self._speech_ticks = self._run  # our own echo is not the caller's turn
+
+    async def _say(self, text: str, gen: int, timing: TurnTiming | None) -> None:
+        """Synthesise in the executor; each sentence's audio goes out as soon as it exists."""
+        loop = self._loop
+        assert loop is not None
+        cancel = self._cancel
+        done: asyncio.Future[None] = loop.create_future()
+
+        def deliver(sentence: str, pcm: NDArray[np.int16] | None) -> None:
+            if gen != self._gen or self._out is None:
+                return
+            if pcm is None:  # a new sentence starts
+                self.playout.begin_sentence(sentence)
+                return
+            audio = self._tts_down.process(pcm)
+            if timing is not None and not timing.first_write:
+                timing.first_write = time.monotonic()
+            self.playout.write(audio)
+            if self._drained is not None:
+                self._drained.clear()
+            self._out.write(audio)
+
+        def work() -> None:
+            try:
+                for sentence, pcm in self.models.speak(text, cancel):
+                    if timing is not None and not timing.tts_first and pcm is not None:
+                        timing.tts_first = time.monotonic()
+                    loop.call_soon_threadsafe(deliver, sentence, pcm)
+            finally:
+                loop.call_soon_threadsafe(_resolve, done)
+
+        self.models.executor.submit(work)
+        await done
+
+    async def _wait_drained(self, gen: int) -> None:
+        while gen == self._gen and self.playout.playing and self._drained is not None:
+            self._drained.clear()
+            await self._drained.wait()
+
+    def _act(self, part: ReplyPart) -> None:
+        out = self._out
+        if out is None:
+            return
+        if isinstance(part, Transfer):
+            out.emit(TransferRequest(part.target))
+        elif isinstance(part, Hangup):
+            out.hangup(part.reason or "agent said goodbye")
+        elif isinstance(part, SendDtmf):
+            out.send_dtmf(part.digits)
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        assert self._loop is not None
+        task = self._loop.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("voice agent task failed", exc_info=task.exception())
+            self._busy = False
+
+
+async def _aiter(parts: list[ReplyPart]) -> AsyncIterator[ReplyPart]:
+    for p in parts:
+        yield p
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -1,0 +1,151 @@
+"""The models every voice call shares: loaded and warmed once per bridge, not per call.
+
+One process holds one VAD, one end-of-turn model, one ASR and one TTS voice, plus the
+executor their inference runs on, so the hundredth call costs no more memory than the
+first and the first caller does not pay for loading. Per-call state (VAD recurrent state,
+the utterance being transcribed) lives in the small objects made here for each call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import cast
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.asr import IncrementalTranscriber, MoonshineAsr
+from agent.sentences import split_sentences
+from agent.tts import PiperTts
+from agent.turn import EndOfTurn, SmartTurn
+from agent.vad import (
+    SileroVad,
+    SpeechSegmenter,
+    SpeechStarted,
+    SpeechStopped,
+    VadRequest,
+    VadResult,
+    VadStream,
+)
+from agent.voice_settings import ModelSettings, VoiceSettings
+from model_runtime.batching import TickBatcher
+from model_runtime.sessions import Device
+
+__all__ = ["VoiceModels"]
+
+log = logging.getLogger(__name__)
+
+
+class VoiceModels:
+    """Loads, warms and shares the cascade's models."""
+
+    def __init__(
+        self,
+        settings: ModelSettings | None = None,
+        *,
+        vad: SileroVad | None = None,
+        turn: SmartTurn | None = None,
+        asr: MoonshineAsr | None = None,
+        tts: PiperTts | None = None,
+        length_scale: float | None = None,
+    ) -> None:
+        s = self.settings = settings or ModelSettings()
+        t0 = time.monotonic()
+        device = cast(Device, s.device)
+        self.vad = vad or SileroVad(threads=1, device=device)
+        self.turn = turn or SmartTurn(threads=s.threads)
+        self.asr = asr or MoonshineAsr(threads=s.threads)
+        self.tts = tts or PiperTts(threads=s.threads, length_scale=length_scale)
+        self.executor = ThreadPoolExecutor(s.workers, thread_name_prefix="voice-model")
+        self._batcher: TickBatcher[VadRequest, VadResult] | None = (
+            None  # made on the running loop, at first use
+        )
+        self._batcher_lock = threading.Lock()
+        log.info("voice models loaded in %.1f s", time.monotonic() - t0)
+
+    def warm_up(self) -> float:
+        """Run each model once so the first caller does not pay for it; returns seconds."""
+        t0 = time.monotonic()
+        self.tts.warm_up()
+        self.asr.transcribe(np.zeros(16000, dtype=np.int16))
+        self.turn.probability(np.zeros(16000, dtype=np.int16))
+        VadStream(self.vad).push(np.zeros(1024, dtype=np.int16))
+        took = time.monotonic() - t0
+        log.info("voice models warmed up in %.2f s", took)
+        return took
+
+    # -- per call ----------------------------------------------------------------------------
+
+    def vad_stream(self, on_vad: Callable[[bool, int | None, bool | None], None]) -> VadGate:
+        """``on_vad(speech, onset_lag, confirmed)`` per window: see :class:`VadGate`."""
+        batcher = self._vad_batcher() if self.settings.batch_vad else None
+        return VadGate(self.vad, batcher, on_vad)
+
+    def transcriber(self) -> IncrementalTranscriber:
+        return IncrementalTranscriber(self.asr, self.executor)
+
+    def end_of_turn(self, s: VoiceSettings) -> EndOfTurn:
+        return EndOfTurn(
+            self.turn,
+            threshold=s.turn_threshold,
+            stop_s=s.pause_ms / 1000,
+            max_silence_s=s.max_silence_ms / 1000,
+            executor=self.executor,
+        )
+
+    def speak(
+        self, text: str, cancel: threading.Event
+    ) -> Iterator[tuple[str, NDArray[np.int16] | None]]:
+        """Sentence by sentence: (sentence, None) when one starts, then (sentence, audio).
+        Runs in the executor; checks ``cancel`` between sentences."""
+        for sentence in split_sentences(text):
+            if cancel.is_set():
+                return
+            yield sentence, None
+            yield sentence, self.tts.synthesize(sentence)
+
+    def _vad_batcher(self) -> TickBatcher[VadRequest, VadResult]:
+        """One batcher for every call of this process (made on the bridge's loop)."""
+        with self._batcher_lock:
+            if self._batcher is None:
+                self._batcher = self.vad.batcher()
+            return self._batcher
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+
+class VadGate:
+    """One call's VAD, reported two ways: per window, speech yes/no with hysteresis but no
+    hangover (the end-of-turn pause is timed from the caller's real last word), and
+    confirmed speech starts and stops (a click is not speech; barge-in counts from the
+    onset the segmenter found, not from when it was sure)."""
+
+    def __init__(
+        self,
+        vad: SileroVad,
+        batcher: TickBatcher[VadRequest, VadResult] | None,
+        on_vad: Callable[[bool, int | None, bool | None], None],
+    ) -> None:
+        self._segmenter = SpeechSegmenter()
+        self._on_vad = on_vad
+        self._raw = False
+        self._stream = VadStream(vad, batcher=batcher, on_prob=self._prob)
+
+    def push(self, pcm8k: NDArray[np.int16]) -> None:
+        self._stream.push(pcm8k)
+
+    def _prob(self, p: float) -> None:
+        seg = self._segmenter
+        self._raw = p >= seg.threshold or (self._raw and p >= seg.neg_threshold)
+        ev = seg.update(p)
+        if isinstance(ev, SpeechStarted):
+            self._on_vad(self._raw, ev.at - ev.sample, True)
+        elif isinstance(ev, SpeechStopped):
+            self._on_vad(self._raw, None, False)
+        else:
+            self._on_vad(self._raw, None, None)

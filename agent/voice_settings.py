@@ -1,0 +1,34 @@
+"""The voice agent's knobs, in a module of their own so that reading a config file does not
+load onnxruntime (``sip-bridge status`` and ``--help`` stay instant)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["DEVICES", "ModelSettings", "VoiceSettings"]
+
+DEVICES = ("auto", "cuda", "cpu")
+
+
+@dataclass(frozen=True)
+class VoiceSettings:
+    """Turn-taking: [agent.voice] in bridge.toml (barge-in: the profile's [barge_in])."""
+
+    barge_in: bool = True  # set from the agent profile's [barge_in]
+    barge_in_ms: int = 200  # caller speech over our reply for this long cuts the reply
+    echo_margin_db: float = 12.0  # the caller must be louder than our own voice minus this
+    turn_threshold: float = 0.5  # smart-turn probability that ends a turn at a pause
+    pause_ms: int = 200  # silence after speech before smart-turn is asked
+    max_silence_ms: int = 900  # silence after speech that ends a turn whatever the model says
+    min_speech_ms: int = 120  # speech shorter than this is a click or a cough: not a turn
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """[models] in bridge.toml."""
+
+    dir: str = ""  # model store; empty: $SIP_BRIDGE_MODELS, else ~/.cache/sip-bridge/models
+    device: str = "auto"  # auto | cuda | cpu
+    threads: int = 2  # inference threads of the ASR, end-of-turn and TTS sessions
+    workers: int = 2  # model jobs (ASR segments, TTS sentences) running at once
+    batch_vad: bool = True  # one VAD inference per tick for all calls

@@ -1,0 +1,71 @@
+"""Which agent answers a call, from config: the line-check agents, or the voice agent whose
+models are loaded and warmed once per process (before the first call, not during it)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from agent.base import Agent
+from agent.echo import EchoAgent
+from agent.playback import PlaybackAgent
+from agent.tone import ToneAgent
+from sip_bridge.config import BridgeConfig
+
+if TYPE_CHECKING:
+    from agent.profile import AgentProfile
+    from agent.voice_models import VoiceModels
+
+__all__ = ["make_agent", "prepare_agents"]
+
+log = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_models: dict[object, VoiceModels] = {}
+_profiles: dict[str, AgentProfile] = {}
+
+
+def make_agent(config: BridgeConfig) -> Agent:
+    """The configured agent for a new call."""
+    a = config.agent
+    if a.name == "echo":
+        return EchoAgent(delay_s=a.echo_delay_s)
+    if a.name == "tone":
+        return ToneAgent(freq_hz=a.tone_freq_hz, level_dbfs=a.tone_level_dbfs)
+    if a.name == "playback":
+        return PlaybackAgent(
+            a.playback_file, loop=a.playback_loop, hangup_at_end=a.playback_hangup_at_end
+        )
+    if a.name == "voice":
+        from agent.voice import VoiceAgent
+
+        models, profile = prepare_agents(config)
+        return VoiceAgent(models, profile, a.voice)
+    raise ValueError(f"unknown agent {a.name!r}")
+
+
+def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:
+    """Load (once) the voice models and the profile; the first call loads and warms them, so
+    `BridgeServer.start()` calls this before it listens. Blocking: seconds on a cold start."""
+    from agent.profile import load_profile
+    from agent.voice_models import VoiceModels
+    from model_runtime.store import default_store
+
+    m = config.models
+    with _lock:
+        if m.dir:
+            os.environ["SIP_BRIDGE_MODELS"] = m.dir  # before default_store() is first made
+        path = config.agent.voice_profile
+        profile = _profiles.get(path)
+        if profile is None:
+            profile = _profiles[path] = load_profile(Path(path))
+        scale = profile.voice.length_scale
+        key = (m, default_store().root, scale)
+        models = _models.get(key)
+        if models is None:
+            models = _models[key] = VoiceModels(m, length_scale=scale)
+            models.warm_up()
+    return models, profile
