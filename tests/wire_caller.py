@@ -1,0 +1,177 @@
+"""A caller that talks and listens packet by packet, so turn latency is measured on the wire.
+
+`sip-bridge call` records what it hears through its own jitter buffer and resampler, which
+adds their delay to whatever is measured. This caller keeps the send time of every RTP
+packet it sends and the arrival time of every packet it receives, with each payload's
+level: "end of the caller's speech" is the last sent packet with speech energy and "start of
+the reply" the first received one, both at the socket.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+from numpy.typing import NDArray
+
+from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from sip_bridge.offer_answer import MediaConfig
+from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
+from sip_bridge.transaction import SendMessage
+from sip_bridge.transport import Received, SipTransport
+from sip_bridge.uac import OutboundCall
+from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed
+
+__all__ = ["SPEECH_DBFS", "WireCaller", "level_dbfs"]
+
+FRAME = 160
+SPEECH_DBFS = -45.0  # a packet louder than this carries speech (G.711 idle is ~-70)
+
+
+def level_dbfs(pcm: NDArray[np.int16]) -> float:
+    rms = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2))) if pcm.size else 0.0
+    return float(20 * np.log10(max(rms, 1e-3) / 32768))
+
+
+@dataclass
+class WireLog:
+    sent: list[tuple[float, float]] = field(default_factory=list)  # (loop time, dBFS)
+    received: list[tuple[float, float]] = field(default_factory=list)
+    heard: list[NDArray[np.int16]] = field(default_factory=list)  # received audio, in order
+
+
+class _Rtp(asyncio.DatagramProtocol):
+    def __init__(self, caller: WireCaller) -> None:
+        self.caller = caller
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        self.caller._on_rtp(data)
+
+
+class WireCaller:
+    """One outbound call over loopback: `await connect()`, `say()`, watch `log`, `hangup()`."""
+
+    def __init__(self, target: str, *, codec: str = "PCMU", host: str = "127.0.0.1") -> None:
+        self.target = target
+        self.codec = codec
+        self.host = host
+        self.log = WireLog()
+        self._queue: deque[NDArray[np.int16]] = deque()
+        self._sender = RtpSender(0 if codec == "PCMU" else 8)
+        self._encode = ulaw_encode if codec == "PCMU" else alaw_encode
+        self._decode = ulaw_decode if codec == "PCMU" else alaw_decode
+        self._rtp: asyncio.DatagramTransport | None = None
+        self._remote: tuple[str, int] | None = None
+        self._uac: OutboundCall | None = None
+        self._sip: SipTransport | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self.answered = asyncio.Event()
+        self.ended = asyncio.Event()
+        self.status = 0
+
+    @property
+    def speaking(self) -> bool:
+        return bool(self._queue)
+
+    def say(self, pcm8k: NDArray[np.int16]) -> None:
+        """Queue audio; it leaves in 20 ms packets on the caller's clock."""
+        pad = (-pcm8k.size) % FRAME
+        a = np.concatenate([pcm8k, np.zeros(pad, np.int16)])
+        self._queue.extend(a.reshape(-1, FRAME))
+
+    async def connect(self, dest: tuple[str, int], timeout_s: float = 30.0) -> None:
+        loop = asyncio.get_running_loop()
+        self._rtp, _ = await loop.create_datagram_endpoint(
+            lambda: _Rtp(self), local_addr=(self.host, 0), family=socket.AF_INET
+        )
+        port = self._rtp.get_extra_info("sockname")[1]
+        inbox: asyncio.Queue[Received | str] = asyncio.Queue()
+        self._sip = SipTransport(inbox.put_nowait)
+        await self._sip.start(self.host, 0, ("udp",))
+        assert self._sip.local is not None
+        media = MediaConfig(self.host, port, codecs=(self.codec,), telephone_event=False)
+        self._uac = OutboundCall(self.target, self._sip.local, dest, media)
+        self._tasks.append(loop.create_task(self._signalling(inbox)))
+        await asyncio.wait_for(self.answered.wait(), timeout_s)
+        self._tasks.append(loop.create_task(self._send_loop()))
+
+    async def _signalling(self, inbox: asyncio.Queue[Received | str]) -> None:
+        loop = asyncio.get_running_loop()
+        uac, sip = self._uac, self._sip
+        assert uac is not None and sip is not None
+        events = uac.start(loop.time())
+        while True:
+            for ev in events:
+                if isinstance(ev, SendMessage):
+                    sip.send_nowait(ev.data, ev.destination, ev.transport)
+                elif isinstance(ev, CallAnswered):
+                    self._remote = (ev.media.remote_address, ev.media.remote_port)
+                    self.status = ev.response.status
+                    self.answered.set()
+                elif isinstance(ev, CallFailed | CallEnded):
+                    self.status = getattr(ev, "status", self.status)
+                    self.ended.set()
+                    self.answered.set()  # wake connect(); status tells
+            deadline = uac.next_deadline()
+            timeout = None if deadline is None else max(0.0, deadline - loop.time())
+            try:
+                item = await asyncio.wait_for(inbox.get(), timeout)
+            except TimeoutError:
+                item = None
+            now = loop.time()
+            events = []
+            if isinstance(item, Received) and item.data is not None:
+                events = uac.receive(item.data, item.source, now)
+            elif item == "hangup":
+                events = uac.hangup(now)
+            events += uac.tick(now)
+
+    async def _send_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        t = loop.time()
+        silence = np.zeros(FRAME, np.int16)
+        while not self.ended.is_set():
+            frame = self._queue.popleft() if self._queue else silence
+            if self._rtp is not None and self._remote is not None:
+                payload = self._encode(frame).tobytes()
+                self._rtp.sendto(self._sender.next_packet(payload, FRAME), self._remote)
+                self.log.sent.append((loop.time(), level_dbfs(frame)))
+            t += FRAME / 8000
+            await asyncio.sleep(max(0.0, t - loop.time()))
+
+    def _on_rtp(self, data: bytes) -> None:
+        if looks_like_rtcp(data):
+            return
+        try:
+            pkt = RtpPacket.parse(data)
+        except ValueError:
+            return
+        if pkt.payload_type not in (0, 8):
+            return
+        pcm = self._decode(pkt.payload)
+        self.log.received.append((asyncio.get_running_loop().time(), level_dbfs(pcm)))
+        self.log.heard.append(pcm)
+
+    async def hangup(self) -> None:
+        if self._sip is not None and self.answered.is_set() and not self.ended.is_set():
+            loop = asyncio.get_running_loop()
+            uac = self._uac
+            assert uac is not None
+            for ev in uac.hangup(loop.time()):
+                if isinstance(ev, SendMessage):
+                    self._sip.send_nowait(ev.data, ev.destination, ev.transport)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.ended.wait(), 3.0)
+        for t in self._tasks:
+            t.cancel()
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        if self._rtp is not None:
+            self._rtp.close()
+        if self._sip is not None:
+            await self._sip.close()
