@@ -95,6 +95,7 @@ class VoiceAgent(Agent):
         )
         self.engine: DialogueEngine | None = None
         self.turns: list[TurnTiming] = []
+        self.barge_ins = 0  # replies cut short by the caller (speech or a key)
         self.events: list[AgentEvent] = []
         self._out: AgentOutput | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -218,6 +219,7 @@ class VoiceAgent(Agent):
     def _barge_in(self) -> None:
         """The caller talks over us: stop the reply where it is, on the wire too."""
         self._gen += 1
+        self.barge_ins += 1
         self._cancel.set()
         dropped = self._out.flush() if self._out is not None else 0.0
         heard = self.playout.cut()

@@ -16,7 +16,8 @@ class VoiceSettings:
 
     barge_in: bool = True  # set from the agent profile's [barge_in]
     barge_in_ms: int = 200  # caller speech over our reply for this long cuts the reply
-    echo_margin_db: float = 12.0  # the caller must be louder than our own voice minus this
+    echo_margin_db: float = 6.0  # the caller must be louder than our own voice minus this
+    # (G.168: a line hybrid returns our voice at least 6 dB down)
     turn_threshold: float = 0.5  # smart-turn probability that ends a turn at a pause
     pause_ms: int = 200  # silence after speech before smart-turn is asked
     max_silence_ms: int = 900  # silence after speech that ends a turn whatever the model says

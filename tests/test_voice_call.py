@@ -104,7 +104,7 @@ class Conversation:
         return max(t for t, db in self.caller.log.sent if db > SPEECH_DBFS)
 
 
-async def _call(config: BridgeConfig, codec: str, script):  # type: ignore[no-untyped-def]
+async def _call(config: BridgeConfig, codec: str, script, **caller_opts):  # type: ignore[no-untyped-def]
     agents: list[VoiceAgent] = []
 
     def factory(cfg: BridgeConfig) -> VoiceAgent:
@@ -115,7 +115,7 @@ async def _call(config: BridgeConfig, codec: str, script):  # type: ignore[no-un
 
     server = BridgeServer(config, agent_factory=factory)
     await server.start()
-    caller = WireCaller(server.uri, codec=codec)
+    caller = WireCaller(server.uri, codec=codec, **caller_opts)
     try:
         await caller.connect(("127.0.0.1", server.port))
         assert caller.status == 200
@@ -191,3 +191,22 @@ def test_barge_in_stops_the_greeting_on_the_wire_and_the_question_is_answered(
     # the issue's bound: stopped on the wire within 100 ms of onset + the barge-in duration
     assert stopped - onset <= (barge_in_ms + 100) / 1000, (stopped - onset, barge_in_ms)
     assert "monday" in after and "friday" in after, after  # the interrupting question's answer
+
+
+def test_line_echo_of_the_reply_does_not_interrupt_it(config: BridgeConfig) -> None:
+    """A 2-wire line sends our voice back 10 dB down and 120 ms late: the agent must not
+    take that for the caller barging in, and the whole answer is heard."""
+    question = espeak("What are your opening hours?")
+
+    async def script(conv: Conversation) -> tuple[str, int, int]:
+        await conv.wait_speech(0.0)
+        await conv.wait_quiet()
+        end = await conv.ask(question)
+        await conv.wait_speech(end)
+        await conv.wait_quiet()
+        heard = transcribe(config, conv.heard_since_mark())
+        return heard, len(conv.agent.turns), conv.agent.barge_ins
+
+    answer, turns, barge_ins = asyncio.run(_call(config, "PCMU", script, echo_db=10.0))
+    assert turns == 1 and barge_ins == 0, (turns, barge_ins)  # greeting and answer played out
+    assert "monday" in answer and "saturday" in answer, answer

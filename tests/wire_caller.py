@@ -55,8 +55,21 @@ class _Rtp(asyncio.DatagramProtocol):
 class WireCaller:
     """One outbound call over loopback: `await connect()`, `say()`, watch `log`, `hangup()`."""
 
-    def __init__(self, target: str, *, codec: str = "PCMU", host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        target: str,
+        *,
+        codec: str = "PCMU",
+        host: str = "127.0.0.1",
+        echo_db: float | None = None,
+        echo_delay_ms: int = 120,
+    ) -> None:
+        """``echo_db``: a line echo, what we hear sent back ``echo_delay_ms`` later this many
+        dB down (a 2-wire hybrid's return loss), mixed into what we say."""
         self.target = target
+        self._echo_gain = None if echo_db is None else 10 ** (-echo_db / 20)
+        self._echo: deque[NDArray[np.int16]] = deque()
+        self._echo_frames = max(1, echo_delay_ms // 20)
         self.codec = codec
         self.host = host
         self.log = WireLog()
@@ -136,6 +149,9 @@ class WireCaller:
         silence = np.zeros(FRAME, np.int16)
         while not self.ended.is_set():
             frame = self._queue.popleft() if self._queue else silence
+            if self._echo_gain is not None and len(self._echo) > self._echo_frames:
+                back = self._echo.popleft().astype(np.float64) * self._echo_gain
+                frame = np.clip(frame + back, -32768, 32767).astype(np.int16)
             if self._rtp is not None and self._remote is not None:
                 payload = self._encode(frame).tobytes()
                 self._rtp.sendto(self._sender.next_packet(payload, FRAME), self._remote)
@@ -155,6 +171,8 @@ class WireCaller:
         pcm = self._decode(pkt.payload)
         self.log.received.append((asyncio.get_running_loop().time(), level_dbfs(pcm)))
         self.log.heard.append(pcm)
+        if self._echo_gain is not None and pcm.size == FRAME:
+            self._echo.append(pcm)
 
     async def hangup(self) -> None:
         if self._sip is not None and self.answered.is_set() and not self.ended.is_set():
