@@ -7,17 +7,20 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from agent.base import Agent
 from agent.echo import EchoAgent
 from agent.playback import PlaybackAgent
 from agent.tone import ToneAgent
-from sip_bridge.config import BridgeConfig
+from sip_bridge.config import BridgeConfig, SpeechModelConfig
 
 if TYPE_CHECKING:
     from agent.profile import AgentProfile
+    from agent.speech_to_speech import FrameBatcher
     from agent.voice_models import VoiceModels
+    from model_runtime.sessions import Device
+    from model_runtime.speech_to_speech import SpeechToSpeechModel
 
 __all__ = ["make_agent", "prepare_agents"]
 
@@ -26,6 +29,7 @@ log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _models: dict[object, VoiceModels] = {}
 _profiles: dict[str, AgentProfile] = {}
+_speech: dict[SpeechModelConfig, tuple[SpeechToSpeechModel, FrameBatcher | None]] = {}
 
 
 def make_agent(config: BridgeConfig) -> Agent:
@@ -44,7 +48,34 @@ def make_agent(config: BridgeConfig) -> Agent:
 
         models, profile = prepare_agents(config)
         return VoiceAgent(models, profile, a.voice)
+    if a.name == "speech_model":
+        from agent.speech_to_speech import SpeechToSpeechAgent
+
+        model, batcher = _speech_model(config)
+        return SpeechToSpeechAgent(model, batcher=batcher)
     raise ValueError(f"unknown agent {a.name!r}")
+
+
+def _speech_model(config: BridgeConfig) -> tuple[SpeechToSpeechModel, FrameBatcher | None]:
+    """The user's speech-to-speech model, loaded once; with a batch axis, one run per tick
+    serves every call (the batcher is made on the bridge's loop, at the first call)."""
+    from model_runtime.batching import TickBatcher
+    from model_runtime.speech_to_speech import SpeechModelSpec, SpeechToSpeechModel
+
+    sm = config.agent.speech_model
+    assert sm is not None  # the config checks it
+    m = config.models
+    with _lock:
+        entry = _speech.get(sm)
+        if entry is None:
+            spec = SpeechModelSpec(
+                Path(sm.path), sm.input, sm.output, sm.sample_rate, sm.frame_samples,
+                sm.state, sm.batch,
+            )  # fmt: skip
+            model = SpeechToSpeechModel(spec, threads=m.threads, device=cast("Device", m.device))
+            batcher = TickBatcher(model.run_batch) if sm.batch else None
+            entry = _speech[sm] = (model, batcher)
+    return entry
 
 
 def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:

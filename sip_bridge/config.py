@@ -30,6 +30,7 @@ __all__ = [
     "JitterConfig",
     "RtpConfig",
     "SipConfig",
+    "SpeechModelConfig",
     "TimersConfig",
     "TlsConfig",
     "load_config",
@@ -113,6 +114,19 @@ class JitterConfig:
 
 
 @dataclass(frozen=True)
+class SpeechModelConfig:
+    """[agent.speech_model]: a user's own speech-to-speech ONNX model, audio in and out."""
+
+    path: str
+    input: str
+    output: str
+    sample_rate: int
+    frame_samples: int
+    state: tuple[tuple[str, str], ...] = ()  # (state input, state output) pairs
+    batch: bool = True  # a leading batch axis: one run per tick for all calls
+
+
+@dataclass(frozen=True)
 class AgentConfig:
     name: str = "echo"
     echo_delay_s: float = 0.5
@@ -123,6 +137,7 @@ class AgentConfig:
     playback_hangup_at_end: bool = True
     voice_profile: str = str(DEMO_PROFILE)  # the dialogue: greeting, intents, replies
     voice: VoiceSettings = field(default_factory=VoiceSettings)
+    speech_model: SpeechModelConfig | None = None  # name = "speech_model"
 
 
 @dataclass(frozen=True)
@@ -183,7 +198,7 @@ class BridgeConfig:
         return cfg
 
 
-AGENTS = ("voice", "echo", "tone", "playback")
+AGENTS = ("voice", "speech_model", "echo", "tone", "playback")
 TRANSPORTS = ("udp", "tcp")
 SYMMETRIC = ("off", "auto", "on")
 
@@ -214,6 +229,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "agent": {
         "name": (str,),
         "voice": (dict,),
+        "speech_model": (dict,),
         "echo": (dict,),
         "tone": (dict,),
         "playback": (dict,),
@@ -225,6 +241,15 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "pause_ms": (int,),
         "max_silence_ms": (int,),
         "min_speech_ms": (int,),
+    },
+    "agent.speech_model": {
+        "path": (str,),
+        "input": (str,),
+        "output": (str,),
+        "sample_rate": (int,),
+        "frame_samples": (int,),
+        "state": (list,),
+        "batch": (bool,),
     },
     "models": {
         "dir": (str,),
@@ -391,6 +416,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     tone = agent.pop("tone", {})
     playback = agent.pop("playback", {})
     voice = dict(agent.pop("voice", {}))
+    speech_model = _build_speech_model(agent.pop("speech_model", None), text, p)
     profile = voice.pop("profile", None)
     agent_cfg = AgentConfig(
         echo_delay_s=float(echo.get("delay_s", 0.5)),
@@ -400,6 +426,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         playback_loop=bool(playback.get("loop", False)),
         playback_hangup_at_end=bool(playback.get("hangup_at_end", True)),
         voice=_build_voice(voice, text, p),
+        speech_model=speech_model,
         **agent,
     )
     if profile is not None:
@@ -410,6 +437,9 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             raise ConfigError(p, line, "agent.voice.profile", f"no such file: {f}")
         agent_cfg = replace(agent_cfg, voice_profile=str(f))
     _check_choice(agent_cfg.name, AGENTS, p, _line_of(text, "agent", "name"), "agent.name")
+    if agent_cfg.name == "speech_model" and speech_model is None:
+        line = _line_of(text, "agent", "name")
+        raise ConfigError(p, line, "agent.speech_model", "is required when name = speech_model")
     if not 0 <= agent_cfg.echo_delay_s <= 10:
         raise ConfigError(
             p, _line_of(text, "agent.echo", "delay_s"), "agent.echo.delay_s", "must be 0..10 s"
@@ -454,6 +484,33 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         control=control,
         path=p,
     )
+
+
+def _build_speech_model(sm: dict[str, Any] | None, text: str, p: str) -> SpeechModelConfig | None:
+    """[agent.speech_model]: the model file must exist; names are checked against the model
+    itself when it loads (the error then lists the names it really has)."""
+    if sm is None:
+        return None
+    sec = "agent.speech_model"
+    for key in ("path", "input", "output", "sample_rate", "frame_samples"):
+        if key not in sm:
+            raise ConfigError(p, _line_of(text, sec, None), f"{sec}.{key}", "is required")
+    pairs = []
+    for pair in sm.get("state", []):
+        if not (
+            isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)
+        ):
+            line = _line_of(text, sec, "state")
+            raise ConfigError(p, line, f"{sec}.state", "expected [[state_in, state_out], ...]")
+        pairs.append((pair[0], pair[1]))
+    for key in ("sample_rate", "frame_samples"):
+        if sm[key] <= 0:
+            raise ConfigError(p, _line_of(text, sec, key), f"{sec}.{key}", "must be > 0")
+    f = Path(sm["path"])
+    f = f if f.is_absolute() else Path(p).resolve().parent / f
+    if not f.is_file():
+        raise ConfigError(p, _line_of(text, sec, "path"), f"{sec}.path", f"no such file: {f}")
+    return SpeechModelConfig(**{**sm, "path": str(f), "state": tuple(pairs)})
 
 
 def _build_voice(voice: dict[str, Any], text: str, p: str) -> VoiceSettings:
