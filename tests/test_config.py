@@ -57,7 +57,7 @@ def _write(tmp_path: Path, text: str) -> Path:
             "agent.voice.max_silence_ms",
             "must be >= pause_ms",
         ),
-        ('[agent]\nname = "eliza"\n', 2, "agent.name", "not one of voice, echo"),
+        ('[agent]\nname = "eliza"\n', 2, "agent.name", "not one of voice, speech_model, echo"),
         ("[agent.echo]\ndelay_s = 99\n", 2, "agent.echo.delay_s", "0..10"),
         ("[sip]\nanswer_after_s = 61\n", 2, "sip.answer_after_s", "0..60"),
         ("[agent.tone]\nfreq_hz = 5000\n", 2, "agent.tone.freq_hz", "20..3400"),
