@@ -77,8 +77,15 @@ class ReplyPlayout:
 
     def take_heard(self) -> str:
         """Text of sentences fully played since the last call (for the transcript)."""
-        done = [s.text for s in self._sentences[self._reported :] if s.end <= self.head]
-        self._reported += len(done)
+        done: list[str] = []
+        last = len(self._sentences) - 1
+        for i in range(self._reported, last + 1):
+            s = self._sentences[i]
+            if s.end > self.head or (i == last and s.end == s.start):
+                break  # still playing, or announced and its audio not here yet
+            self._reported = i + 1
+            if s.end > s.start:  # a sentence without audio was not heard
+                done.append(s.text)
         return " ".join(done)
 
     def cut(self) -> str:

@@ -118,6 +118,7 @@ class VoiceAgent(Agent):
         self._tasks: set[asyncio.Task[None]] = set()
         self._drained: asyncio.Event | None = None
         self._closed = False
+        self._carry = ""  # words of a turn the caller went on with before we answered
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
         self._ref: deque[float] = deque([0.0], maxlen=round(ECHO_S / TICK_S))  # our levels
@@ -189,6 +190,7 @@ class VoiceAgent(Agent):
 
     async def stop(self) -> None:
         self._closed = True
+        self._gen += 1  # audio already on its way from the executor is stale now
         self._cancel.set()
         for t in list(self._tasks):
             t.cancel()
@@ -255,9 +257,12 @@ class VoiceAgent(Agent):
     async def _answer(self, fut: Future[str], timing: TurnTiming, gen: int) -> None:
         text = (await asyncio.wrap_future(fut)).strip()
         timing.asr_done = time.monotonic()
+        if gen != self._gen:  # the caller went on talking before we answered: it was a
+            self._carry = text  # pause, not the end; these words open the next turn
+            return
+        text = f"{self._carry} {text}".strip()
+        self._carry = ""
         timing.text = text
-        if gen != self._gen:
-            return  # the caller went on talking: that is the turn now
         if not text or self.engine is None:
             self._busy = False
             return

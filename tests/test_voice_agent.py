@@ -1,0 +1,483 @@
+"""VoiceAgent's turn-taking with fake models: what it says, when, and what it throws away.
+
+The models are replaced by fakes the test drives (VAD verdicts, end-of-turn decisions,
+canned ASR text, TTS audio: 80 ms of a 500 Hz tone per word at 22050 Hz), so every check
+is about the agent's own logic: resampling of the reply to the line's 8 kHz, barge-in
+timing and the echo gate, what the transcript says was heard, and actions that wait for
+the audio before them. Time is counted in ticks (one on_audio call each), as the agent does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections import deque
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.base import AgentEvent, AgentOutput, CallInfo, DtmfEvent, TransferRequest, TransferResult
+from agent.profile import load_profile
+from agent.sentences import split_sentences
+from agent.voice import VoiceAgent, VoiceSettings
+
+DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
+TTS_RATE = 22050
+WORD = 1764  # TTS samples per word: 80 ms at 22050 Hz, exactly 640 at 8 kHz
+AMP = 8000.0  # TTS tone amplitude
+OUR_RMS = AMP / np.sqrt(2)  # the reply's level on the line (the resampler passes 500 Hz)
+FRAME = 160
+BARGE_TICKS = 13  # the demo's min_speech_ms = 250: 13 ticks of 20 ms
+GREETING = [
+    "Thanks for calling Acme Support.",
+    "You can ask about our opening hours, your order, or ask for a person.",
+    "Or press 1 for opening hours, 2 for order status, or 0 for a person.",
+]
+
+
+def _tone(n: int, freq: float, rate: int, rms: float) -> NDArray[np.int16]:
+    t = np.arange(n) / rate
+    out: NDArray[np.int16] = np.round(rms * np.sqrt(2) * np.sin(2 * np.pi * freq * t)).astype(
+        np.int16
+    )
+    return out
+
+
+def _rms(x: NDArray[np.int16]) -> float:
+    return float(np.sqrt(np.mean(x.astype(np.float64) ** 2))) if x.size else 0.0
+
+
+def _len8k(sentences: list[str]) -> int:
+    return sum(len(s.split()) * WORD * 8000 // TTS_RATE for s in sentences)
+
+
+class FakeModels:
+    """Duck-types VoiceModels; everything the agent hands it is recorded."""
+
+    def __init__(self) -> None:
+        self.tts = SimpleNamespace(sample_rate=TTS_RATE)
+        self.executor = ThreadPoolExecutor(1)
+        self.asr_texts: deque[str] = deque()
+        self.spoken: list[str] = []  # texts given to speak()
+        self.produced: list[str] = []  # sentences whose audio the TTS yielded
+        self.finished = 0  # speak() generators run to their end
+        self.hold: set[str] = set()  # sentences whose synthesis waits for `release`
+        self.release = threading.Event()
+        self.cancel_seen: list[bool] = []  # cancel.is_set() after a hold
+        self.speech = False  # the VAD's verdict on every window of every push
+        self.event: tuple[int | None, bool] | None = None  # (onset_lag, confirmed), once
+        self.stt, self.eot = FakeEar(self), FakeEar(self)
+
+    def vad_stream(self, on_vad: Callable[[bool, int | None, bool | None], None]) -> FakeModels:
+        self.on_vad = on_vad
+        return self
+
+    def push(self, pcm8k: NDArray[np.int16]) -> None:
+        """The VAD gate: reports the verdict the test set, like VadGate per window."""
+        lag, confirmed = self.event if self.event else (None, None)
+        self.event = None
+        self.on_vad(self.speech, lag, confirmed)
+
+    def transcriber(self) -> FakeEar:
+        return self.stt
+
+    def end_of_turn(self, settings: VoiceSettings) -> FakeEar:
+        return self.eot
+
+    def speak(
+        self, text: str, cancel: threading.Event
+    ) -> Iterator[tuple[str, NDArray[np.int16] | None]]:
+        self.spoken.append(text)
+        try:
+            for sentence in split_sentences(text):
+                if cancel.is_set():
+                    return
+                yield sentence, None
+                if sentence in self.hold:
+                    assert self.release.wait(5), "the test never released the TTS"
+                    self.cancel_seen.append(cancel.is_set())
+                self.produced.append(sentence)
+                yield sentence, _tone(len(sentence.split()) * WORD, 500, TTS_RATE, OUR_RMS)
+        finally:
+            self.finished += 1
+
+
+class FakeEar:
+    """The transcriber (canned text from ``finish``) or the end-of-turn model (``decide``
+    says ``fire`` until reset); both record what the agent pushed since their last reset."""
+
+    def __init__(self, models: FakeModels) -> None:
+        self.models = models
+        self.fire = ""
+        self.pushed: list[tuple[NDArray[np.int16], bool]] = []
+        self.utterances: list[list[tuple[NDArray[np.int16], bool]]] = []
+
+    def push(self, pcm16k: NDArray[np.int16], speech: bool) -> None:
+        self.pushed.append((pcm16k.copy(), speech))
+
+    def reset(self) -> None:
+        self.pushed, self.fire = [], ""
+
+    def finish(self) -> Future[str]:
+        self.utterances.append(self.pushed)
+        self.pushed, text = [], self.models.asr_texts.popleft()
+        return self.models.executor.submit(lambda: text)
+
+    def decide(self) -> SimpleNamespace | None:
+        return SimpleNamespace(reason=self.fire) if self.fire else None
+
+
+class FakeOutput(AgentOutput):
+    """Records each call with the tick it happened at (and whether stop() had begun)."""
+
+    def __init__(self) -> None:
+        self.tick = 0
+        self.stopped = False
+        self.log: list[tuple[int, str, Any]] = []
+        self.after_stop: list[str] = []
+
+    def _note(self, what: str, arg: Any) -> None:
+        self.log.append((self.tick, what, arg))
+        if self.stopped:
+            self.after_stop.append(what)
+
+    def write(self, pcm: NDArray[np.int16]) -> None:
+        self._note("write", pcm.copy())
+
+    def flush(self) -> float:
+        self._note("flush", None)
+        return 0.0
+
+    def hangup(self, reason: str = "") -> None:
+        self._note("hangup", reason)
+
+    def emit(self, event: AgentEvent) -> None:
+        self._note("emit", event)
+
+    def send_dtmf(self, digits: str) -> None:
+        self._note("dtmf", digits)
+
+    def of(self, what: str) -> list[tuple[int, Any]]:
+        return [(t, a) for t, w, a in self.log if w == what]
+
+    writes = property(lambda self: self.of("write"))
+    flushes = property(lambda self: [t for t, _ in self.of("flush")])
+
+    def written(self, since: int = 0) -> NDArray[np.int16]:
+        """Everything written from writes[since] on, as one array."""
+        return np.concatenate([np.zeros(0, np.int16)] + [w for _, w in self.writes[since:]])
+
+
+class Call:
+    """One call: a VoiceAgent on fake models, driven tick by tick; stopped on exit."""
+
+    def __init__(self, profile_path: Path = DEMO, *, greeted: bool = True) -> None:
+        self.models = FakeModels()
+        self.out = FakeOutput()
+        profile = load_profile(profile_path)
+        self.agent = VoiceAgent(self.models, profile, VoiceSettings())  # type: ignore[arg-type]
+        self.greeted = greeted  # start after the greeting has played
+
+    async def __aenter__(self) -> Call:
+        await self.agent.start(CallInfo("call-1", caller="sip:alice@example.com"), self.out)
+        if not self.models.hold:
+            await self.until(lambda: self.models.finished == 1, "the greeting's TTS")
+        if self.greeted:
+            await self.drain()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.agent.stop()
+        self.models.release.set()
+        self.models.executor.shutdown(wait=True)
+
+    @property
+    def transcript(self) -> list[tuple[str, str]]:
+        assert self.agent.engine is not None
+        return self.agent.engine.transcript
+
+    async def until(self, cond: Callable[[], bool], what: str = "condition") -> None:
+        """Let executor results and loop callbacks land, without ticking (bounded)."""
+        for _ in range(2000):
+            if cond():
+                for _ in range(5):
+                    await asyncio.sleep(0)
+                return
+            await asyncio.sleep(0.001)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    async def tick(self, n: int = 1, level: float = 0.0) -> None:
+        """n frames of the caller: a 300 Hz tone at RMS ``level`` (0: silence)."""
+        frame = _tone(FRAME, 300, 8000, level) if level else np.zeros(FRAME, np.int16)
+        for _ in range(n):
+            self.out.tick += 1
+            self.agent.on_audio(frame)
+            for _ in range(5):
+                await asyncio.sleep(0)
+
+    def vad(self, speech: bool, confirmed: bool | None = None, lag: int = 0) -> None:
+        """What the VAD reports from the next tick on (confirmed: the segmenter's verdict)."""
+        self.models.speech = speech
+        if confirmed is not None:
+            self.models.event = (lag if confirmed else None, confirmed)
+
+    async def drain(self) -> None:
+        """Play everything written, until the agent is idle."""
+        for _ in range(2000):
+            if not self.agent.playout.playing and not self.agent._busy and not self.agent._tasks:
+                return
+            await self.tick()
+        raise AssertionError("the reply never finished playing")
+
+    async def turn(self, text: str, *, wait_tts: bool = True) -> int:
+        """The caller speaks 8 ticks, falls silent, the end-of-turn model agrees and the ASR
+        says ``text``; returns the index in writes where the reply starts."""
+        self.models.asr_texts.append(text)
+        self.vad(True, True)
+        await self.tick(8, 2000)
+        self.vad(False, False)
+        await self.tick(2)
+        self.models.eot.fire = "model"
+        n_spoken, n_writes = len(self.models.spoken), len(self.out.writes)
+        await self.tick()
+        await self.until(lambda: bool(self.agent.turns) and self.agent.turns[-1].asr_done > 0)
+        if text and wait_tts:
+            m = self.models
+            await self.until(lambda: len(m.spoken) > n_spoken == m.finished - 1, "the TTS")
+        return n_writes
+
+
+def aio(test: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    @functools.wraps(test)
+    def sync(*args: Any, **kwargs: Any) -> None:
+        asyncio.run(asyncio.wait_for(test(*args, **kwargs), 20))
+
+    return sync
+
+
+def _ticks(sentences: list[str]) -> int:
+    return -(-_len8k(sentences) // FRAME)
+
+
+HOURS = "We're open Monday to Friday, 8 a.m. to 6 p.m., and Saturday 9 to 1."
+BYE = "Thanks for calling Acme. Goodbye!"
+
+
+@aio
+async def test_greeting_is_spoken_at_start_at_8k() -> None:
+    async with Call(greeted=False) as c:
+        assert c.models.spoken == [" ".join(GREETING)]
+        # one write per sentence, 22050 -> 8000 Hz: 640 samples per 80 ms word
+        assert [w.size for _, w in c.out.writes] == [_len8k([s]) for s in GREETING]
+        audio = c.out.written()
+        spectrum = np.abs(np.fft.rfft(audio * np.hanning(audio.size)))
+        assert abs(np.argmax(spectrum) * 8000 / audio.size - 500) < 2  # read at 8 kHz
+        assert abs(_rms(audio[100:-100]) / OUR_RMS - 1) < 0.05
+        await c.drain()
+        assert c.out.tick == _ticks(GREETING)  # it took as many ticks as it lasts
+        assert c.transcript == [("agent", " ".join(GREETING))]
+        assert c.out.flushes == []
+
+
+@aio
+async def test_a_turn_is_transcribed_answered_and_timed_in_order() -> None:
+    async with Call() as c:
+        q = "What are your opening hours?"
+        i = await c.turn(q)
+        assert c.models.spoken[-1] == HOURS
+        assert c.out.written(i).size == _len8k(split_sentences(HOURS))
+        # the ASR got the caller's 8 frames, at 16 kHz
+        speech = np.concatenate([a for a, s in c.models.stt.utterances[-1] if s])
+        assert speech.size == 8 * 320 and abs(_rms(speech[40:]) / 2000 - 1) < 0.05
+        t = c.agent.turns[-1]
+        assert (t.reason, t.text, t.reply, t.barged_in) == ("model", q, [HOURS], False)
+        stages = [t.speech_end, t.turn_end, t.asr_done, t.reply_ready, t.tts_first, t.first_write]
+        assert stages[0] > 0 and stages == sorted(stages)
+        await c.drain()
+        assert c.transcript[-2:] == [("caller", q), ("agent", HOURS)]
+
+
+@aio
+async def test_barge_in_cuts_the_reply_and_keeps_the_callers_words() -> None:
+    c = Call(greeted=False)
+    c.models.hold = {GREETING[2]}  # the last sentence is still being synthesised
+    async with c:
+        await c.until(lambda: len(c.out.writes) == 2, "two sentences written")
+        await c.tick(30)  # the first sentence (20 ticks) and some of the second played
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS - 1, OUR_RMS)
+        assert c.out.flushes == []
+        await c.tick(1, OUR_RMS)
+        assert c.out.flushes == [30 + BARGE_TICKS]
+        # heard: sentence 1, and of the 14 words of sentence 2 the share played (41 %)
+        played = (30 + BARGE_TICKS) * FRAME - _len8k(GREETING[:1])
+        words = GREETING[1].split()[: int(14 * played / _len8k(GREETING[1:2]))]
+        assert words == ["You", "can", "ask", "about", "our"]
+        assert c.transcript == [("agent", f"{GREETING[0]} {' '.join(words)} ...")]
+        # the caller's words so far went to the ASR: the pre-roll, 27 frames of 20 ms
+        flags = [s for _, s in c.models.stt.pushed]
+        assert flags == [False] * (27 - BARGE_TICKS) + [True] * BARGE_TICKS
+        speech = np.concatenate([a for a, s in c.models.stt.pushed if s])
+        assert abs(_rms(speech[40:]) / OUR_RMS - 1) < 0.05
+        # the stale sentence comes from the TTS after the flush: it is never written
+        c.models.release.set()
+        await c.until(lambda: c.models.finished == 1, "the held TTS")
+        await c.tick(3, OUR_RMS)
+        assert c.models.produced == GREETING and c.models.cancel_seen == [True]
+        assert len(c.out.writes) == 2 and not c.agent.playout.playing
+        # the caller goes on and ends the turn: answered from what they said
+        i = await c.turn("when are you open")
+        assert c.models.spoken[-1] == HOURS and c.out.written(i).size > 0
+        assert sum(s for _, s in c.models.stt.utterances[-1]) == BARGE_TICKS + 3 + 8
+        assert c.out.flushes == [30 + BARGE_TICKS]
+        await c.drain()
+        assert c.transcript[1:] == [("caller", "when are you open"), ("agent", HOURS)]
+
+
+@aio
+async def test_barge_in_counts_from_the_speech_onset() -> None:
+    async with Call(greeted=False) as c:
+        await c.tick(5)
+        c.vad(True)  # speech, not yet confirmed by the segmenter
+        await c.tick(5, OUR_RMS)
+        c.vad(True, True, lag=5 * FRAME)  # confirmed now: it began 5 frames ago
+        await c.tick(BARGE_TICKS - 6, OUR_RMS)
+        assert c.out.flushes == []
+        await c.tick(1, OUR_RMS)
+        assert c.out.flushes == [5 + BARGE_TICKS]
+
+
+@aio
+async def test_echo_below_our_level_does_not_barge_in_our_level_does() -> None:
+    async with Call(greeted=False) as c:
+        await c.tick(5)
+        c.vad(True, True)
+        await c.tick(60, OUR_RMS * 10 ** (-10 / 20))  # 1.2 s of "speech" 10 dB down
+        assert c.out.flushes == [] and c.agent.playout.playing
+        await c.tick(1, OUR_RMS)
+        assert c.out.flushes == [66]
+
+
+@aio
+async def test_speech_shorter_than_barge_in_ms_does_not_interrupt() -> None:
+    async with Call(greeted=False) as c:
+        await c.tick(5)
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS - 1, 2 * OUR_RMS)
+        c.vad(False, False)
+        await c.drain()
+        assert c.out.flushes == [] and c.agent.turns == []
+        assert c.out.written().size == _len8k(GREETING)
+        assert c.transcript == [("agent", " ".join(GREETING))]
+
+
+@aio
+async def test_barge_in_disabled_in_the_profile_never_flushes(tmp_path: Path) -> None:
+    text = DEMO.read_text()
+    assert "[barge_in]\nenabled = true" in text
+    off = text.replace("[barge_in]\nenabled = true", "[barge_in]\nenabled = false")
+    (tmp_path / "demo.toml").write_text(off)
+    async with Call(tmp_path / "demo.toml", greeted=False) as c:
+        assert not c.agent.settings.barge_in
+        c.vad(True, True)
+        await c.tick(100, 2 * OUR_RMS)
+        c.vad(False, False)
+        await c.drain()
+        assert c.out.flushes == []
+        assert c.out.written().size == _len8k(GREETING)
+        assert c.transcript == [("agent", " ".join(GREETING))]
+
+
+@aio
+async def test_transfer_waits_for_the_reply_to_play_and_a_failed_one_apologises() -> None:
+    async with Call() as c:
+        i = await c.turn("can I talk to a real person")
+        reply = "Sure, I'm putting you through to a colleague. Please hold."
+        assert c.models.spoken[-1] == reply
+        written_at = c.out.tick
+        assert {t for t, _ in c.out.writes[i:]} == {written_at}
+        assert c.out.of("emit") == []  # written is not played
+        await c.drain()
+        target = "sip:agent@127.0.0.1:5070"
+        emitted = [(written_at + _ticks(split_sentences(reply)), TransferRequest(target))]
+        assert c.out.of("emit") == emitted and c.out.of("hangup") == []
+        # the colleague's line is busy: the agent apologises and listens again
+        n = len(c.out.writes)
+        c.agent.on_event(TransferResult(target, "failed", 486))
+        sorry = "Sorry, nobody is free right now. Is there anything else I can help with?"
+        await c.until(lambda: c.models.finished == 3, "the apology's TTS")
+        assert c.models.spoken[-1] == sorry
+        assert c.out.written(n).size == _len8k(split_sentences(sorry))
+        await c.drain()
+        assert c.transcript[-1] == ("agent", sorry)
+
+
+@aio
+async def test_dtmf_stops_the_reply_and_speaks_the_hours() -> None:
+    async with Call(greeted=False) as c:
+        await c.tick(10)  # half of "Thanks for calling Acme Support." played
+        c.agent.on_event(DtmfEvent("1"))
+        assert c.out.flushes == [10]
+        await c.until(lambda: c.models.finished == 2, "the hours' TTS")
+        assert c.models.spoken[-1] == HOURS
+        assert c.out.written(3).size == _len8k(split_sentences(HOURS))
+        await c.drain()
+        heard = [("agent", "Thanks for ..."), ("caller", "(keypad 1)"), ("agent", HOURS)]
+        assert c.transcript == heard
+
+
+@aio
+async def test_an_empty_transcript_gets_no_reply_then_goodbye_hangs_up_after_the_audio() -> None:
+    async with Call() as c:
+        n = len(c.out.writes)
+        await c.turn("")
+        await c.tick(20)
+        assert c.agent.turns[-1].text == "" and len(c.models.spoken) == 1
+        assert len(c.out.writes) == n and not c.agent._busy
+        await c.turn("no thanks goodbye")  # it listens again
+        assert c.models.spoken[-1] == BYE
+        written_at = c.out.tick
+        await c.drain()
+        assert c.out.of("hangup") == [(written_at + _ticks(split_sentences(BYE)), "intent")]
+        assert [w for w, _ in c.transcript] == ["agent", "caller", "agent"]
+
+
+def _wait(cond: Callable[[], bool]) -> bool:
+    """Block this thread (the event loop's, on purpose) until ``cond`` (bounded)."""
+    return any(cond() or threading.Event().wait(0.001) for _ in range(5000))
+
+
+async def _stop_during_reply(*, tts_done_first: bool) -> None:
+    first, second = split_sentences(HOURS)
+    async with Call() as c:
+        c.models.hold = {first}
+        await c.turn("what are your hours", wait_tts=False)
+        await c.until(lambda: len(c.models.spoken) == 2, "the reply's TTS to start")
+        n = len(c.out.writes)
+        if tts_done_first:  # the audio is made and queued to the (blocked) loop first
+            c.models.release.set()
+            assert _wait(lambda: c.models.finished == 2), "the TTS did not finish"
+        c.out.stopped = True
+        await c.agent.stop()
+        c.models.release.set()
+        await c.until(lambda: c.models.finished == 2, "the TTS to end")
+        assert c.out.after_stop == [] and len(c.out.writes) == n
+        assert not c.agent._tasks and first in c.models.produced
+        if not tts_done_first:  # cancelled between sentences
+            assert second not in c.models.produced
+
+
+@aio
+async def test_stop_cancels_the_reply_and_nothing_is_written_after_it() -> None:
+    await _stop_during_reply(tts_done_first=False)
+
+
+@aio
+async def test_stop_drops_audio_already_on_its_way_to_the_loop() -> None:
+    await _stop_during_reply(tts_done_first=True)
