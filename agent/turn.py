@@ -108,7 +108,8 @@ class EndOfTurn:
     decision it waits for the next turn.
 
     The model costs tens of ms of CPU: give an ``executor`` and :meth:`decide` only submits
-    it and collects the verdict later (call push/decide from one thread, the loop's).
+    it and collects the verdict later (call push/decide from one thread, the loop's); it is
+    asked after ``early_s`` of a pause, so that it runs while the rest of the pause passes.
     """
 
     sample_rate = 16000
@@ -123,9 +124,13 @@ class EndOfTurn:
         stop_s: float = 0.2,
         max_silence_s: float = 1.0,
         executor: Executor | None = None,
+        early_s: float = 0.06,
     ) -> None:
         if not 0.0 <= stop_s <= max_silence_s:
             raise ValueError("need 0 <= stop_s <= max_silence_s")
+        # With an executor the model is asked once early_s of a pause has passed, so its
+        # tens of ms overlap the rest of the pause; its verdict counts from stop_s on.
+        self.early = min(round(early_s * self.sample_rate), round(stop_s * self.sample_rate))
         self.turn = turn
         self.threshold = threshold
         self.stop = round(stop_s * self.sample_rate)
@@ -192,15 +197,16 @@ class EndOfTurn:
         if not self._in_turn:
             return None
         silence = self.clock - self._speech_end
+        if self.executor is not None and self.turn is not None and not self._scored:
+            if silence >= self.early:  # ask now; the answer is used from stop_s on
+                self._scored = True
+                self._pending = self.executor.submit(self.turn.probability, self._turn_audio())
         if silence < self.stop:
             return None
         if self.turn is not None and not self._scored:
             self._scored = True
-            if self.executor is None:
-                if self._verdict(self.turn.probability(self._turn_audio())):
-                    return self._end("model")
-            else:
-                self._pending = self.executor.submit(self.turn.probability, self._turn_audio())
+            if self._verdict(self.turn.probability(self._turn_audio())):
+                return self._end("model")
         if self._pending is not None and self._pending.done():
             done, self._pending = self._pending, None
             try:

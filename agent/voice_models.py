@@ -39,6 +39,10 @@ __all__ = ["VoiceModels"]
 
 log = logging.getLogger(__name__)
 
+# A reply's first piece is cut short (at a comma, else after this many words): the caller
+# hears the answer begin after the time to synthesise ~1 s of speech, not a whole sentence.
+FIRST_WORDS = 6
+
 
 class VoiceModels:
     """Loads, warms and shares the cascade's models."""
@@ -102,7 +106,7 @@ class VoiceModels:
     ) -> Iterator[tuple[str, NDArray[np.int16] | None]]:
         """Sentence by sentence: (sentence, None) when one starts, then (sentence, audio).
         Runs in the executor; checks ``cancel`` between sentences."""
-        for sentence in split_sentences(text):
+        for sentence in split_sentences(text, first_max_words=FIRST_WORDS):
             if cancel.is_set():
                 return
             yield sentence, None

@@ -48,8 +48,7 @@ QUESTIONS = [
     "What are your opening hours?",
     "Where is my order?",
     "One two three four five.",
-    "Are you open on Saturday?",
-    "What is your address?",
+    "When do you close?",
 ]
 
 
