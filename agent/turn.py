@@ -200,6 +200,7 @@ class EndOfTurn:
         ready = self.executor is not None and self.turn is not None and not self._scored
         if ready and silence >= self.early:  # ask now; the answer is used from stop_s on
             assert self.executor is not None and self.turn is not None
+            self._scored = True
             self._pending = self.executor.submit(self.turn.probability, self._turn_audio())
         if silence < self.stop:
             return None
