@@ -10,7 +10,9 @@ sentence after a title (``Dr.``, ``Mr.``, ``e.g.``), inside a number or time (``
 ``5:00``: no space follows), or after a list number at the start of a line (``1. Open``);
 after ``etc.``, ``a.m.``, ``Inc.`` or an acronym (``U.S.``) it ends one only if the next word
 starts with a capital. A sentence of more than ``max_words`` words is cut at its last comma
-(``,;:`` or a dash) within that many words, else after exactly ``max_words`` words.
+(``,;:`` or a dash) within that many words, else after exactly ``max_words`` words. A
+reply's first sentence of more than ``first_max_words`` words is cut at its first comma,
+else before the next word that opens a phrase ("and", "on", "which"...).
 
 :class:`SentenceBuffer` applies the same rules to streamed text: feeding a text in any
 pieces gives exactly the sentences :func:`split_sentences` gives for the whole text.
@@ -105,6 +107,23 @@ def _cut(words: list[_Token], limit: int, earliest: bool) -> int | None:
     return cuts[0] if earliest else cuts[-1]
 
 
+# Words that open a phrase: a long first sentence without a comma is cut before one.
+_PHRASE_START = frozenset(
+    {
+        *("and", "but", "or", "so", "because", "which", "that", "who", "where", "when"),
+        *("while", "if", "until", "after", "before", "on", "in", "at", "by", "from"),
+        *("with", "for", "to"),
+    }
+)
+
+
+def _phrase_starts(cur: list[_Token], limit: int) -> bool:
+    """The newest word opens a phrase, the first piece is already over ``limit`` words (and
+    not yet twice as long), and at least three words go before the cut."""
+    last = cur[-1]
+    return limit < len(cur) <= 2 * limit and last.complete and last.text.lower() in _PHRASE_START
+
+
 def _scan(
     text: str, final: bool, first: bool, max_words: int, first_max_words: int
 ) -> tuple[list[str], int, bool]:
@@ -121,6 +140,8 @@ def _scan(
         n = None
         if first and len(cur) == first_max_words + 1:
             n = _cut(cur, first_max_words, earliest=True)
+        if n is None and first and _phrase_starts(cur, first_max_words):
+            n = len(cur) - 1  # no comma: cut before "and", "on", "which"...
         if n is None and len(cur) == max_words + 1:
             n = _cut(cur, max_words, earliest=False) or max_words
         if n is not None:

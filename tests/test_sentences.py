@@ -163,3 +163,15 @@ def test_streaming_in_any_pieces_equals_splitting_at_once(
     # nothing lost, nothing invented, no piece over the limit
     assert " ".join(got).split() == text.split()
     assert all(0 < len(p.split()) <= max_words for p in got)
+
+
+def test_a_long_first_sentence_without_a_comma_is_cut_before_a_phrase() -> None:
+    text = "Order 1 2 3 4 5 shipped on Monday and should arrive by Thursday."
+    assert split_sentences(text, first_max_words=6) == [
+        "Order 1 2 3 4 5 shipped",
+        "on Monday and should arrive by Thursday.",
+    ]
+    # only the first piece is cut early; a streamed reply gives the same pieces
+    buf = SentenceBuffer(first_max_words=6)
+    pieces = [p for word in text.split(" ") for p in buf.push(word + " ")] + buf.flush()
+    assert pieces == split_sentences(text, first_max_words=6)
