@@ -11,6 +11,7 @@ sentence as it streams. Nothing here raises into the call: an LLM failure is the
 
 from __future__ import annotations
 
+import copy
 import difflib
 import functools
 import logging
@@ -203,6 +204,16 @@ class DialogueEngine:
         self._filled: dict[str, str] = {}
         self._keys = ""  # keypad digits typed into a digits slot so far
         self._llm_warned = False
+
+    def fork(self) -> DialogueEngine:
+        """A twin to answer a turn speculatively (before the end of the turn is certain):
+        adopt it if the turn really ended, drop it if the caller went on. The profile and
+        the LLM client are shared; the conversation state is copied."""
+        twin = copy.copy(self)
+        twin.transcript = list(self.transcript)
+        twin._vars = dict(self._vars)
+        twin._filled = dict(self._filled)
+        return twin
 
     def greeting(self) -> list[ReplyPart]:
         return [Say(self.profile.greeting.render(self._vars))]

@@ -24,7 +24,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort  # type: ignore[import-untyped]
 from numpy.typing import NDArray
 from onnx import TensorProto, helper, numpy_helper
 from piper.config import PiperConfig
@@ -32,7 +31,7 @@ from piper.phoneme_ids import phonemes_to_ids
 from piper.phonemize_espeak import EspeakPhonemizer
 
 from agent.sentences import split_sentences
-from model_runtime.sessions import select_providers
+from model_runtime.sessions import Device, create_session
 
 __all__ = ["MODEL", "MODEL_CONFIG_FILE", "MODEL_FILE", "PiperTts", "normalize_for_speech"]
 
@@ -173,19 +172,6 @@ def _fixed_noise_nodes(
     ]
 
 
-def _open_session(model: bytes, threads: int) -> ort.InferenceSession:
-    """The one place this module makes a session (same settings as
-    :func:`model_runtime.sessions.create_session`, which takes a path, not bytes)."""
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = threads
-    opts.inter_op_num_threads = 1
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.log_severity_level = 3
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    opts.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    return ort.InferenceSession(model, opts, providers=select_providers("auto"))
-
-
 def _frame_db(x: NDArray[np.float32], frame: int) -> NDArray[np.float64]:
     n = len(x) // frame
     frames = x[: n * frame].astype(np.float64).reshape(n, frame)
@@ -208,6 +194,7 @@ class PiperTts:
         gain_db: float = 3.0,
         sentence_pause_s: float = 0.25,
         comma_pause_s: float = 0.08,
+        device: Device = "auto",
     ) -> None:
         """``model``/``config`` default to the model store's files; ``length_scale`` > 1
         speaks slower (default: the voice's own, 1.0); ``gain_db`` applies to the model's
@@ -228,7 +215,9 @@ class PiperTts:
         self.sample_rate = self.config.sample_rate
         graph = onnx.load(str(model))
         fix_noise(graph)
-        self._session = _open_session(graph.SerializeToString(), threads)
+        self._session = create_session(
+            Path(model), model=graph.SerializeToString(), name=MODEL, threads=threads, device=device
+        )
         self._inputs = {i.name for i in self._session.get_inputs()}
         self._scales = np.array(
             [

@@ -39,7 +39,8 @@ from agent.base import (
 from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, SendDtmf, Transfer
 from agent.profile import AgentProfile
 from agent.reply_playout import ReplyPlayout
-from agent.voice_models import VoiceModels
+from agent.speculation import Speculation
+from agent.voice_models import FIRST_WORDS, VoiceModels
 from agent.voice_settings import VoiceSettings
 from resample import Resampler
 
@@ -51,6 +52,8 @@ RATE = 8000
 FRAME = 160  # samples per 20 ms tick at 8 kHz
 TICK_S = FRAME / RATE
 LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length limit
+FRAME_MS = 20
+SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
 
@@ -68,6 +71,8 @@ class TurnTiming:
     first_write: float = 0.0  # that audio handed to the bridge
     reply: list[str] = field(default_factory=list)
     barged_in: bool = False
+    speculative: bool = False  # answered by a reply prepared during the pause: ASR,
+    # dialogue and TTS may be done before turn_end
 
 
 class VoiceAgent(Agent):
@@ -118,7 +123,10 @@ class VoiceAgent(Agent):
         self._tasks: set[asyncio.Task[None]] = set()
         self._drained: asyncio.Event | None = None
         self._closed = False
-        self._carry = ""  # words of a turn the caller went on with before we answered
+        # ASR of words the caller went on from (a pause that was not the end of the turn)
+        self._carry: list[Future[str]] = []
+        self._spec: Speculation | None = None  # a reply being prepared during a pause
+        self._quiet = 0  # ticks since the caller's last speech
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
         self._ref: deque[float] = deque([0.0], maxlen=round(ECHO_S / TICK_S))  # our levels
@@ -165,7 +173,12 @@ class VoiceAgent(Agent):
             return
         self._stt.push(pcm16, self._user_speaking)
         self._eot.push(pcm16, self._user_speaking)
-        if self._speech_ticks * TICK_S * 1000 >= self.settings.min_speech_ms and not self._busy:
+        self._quiet = 0 if self._user_speaking else self._quiet + 1
+        if self._spec is not None and self._user_speaking:
+            self._drop_speculation()  # it was a pause, not the end of the turn
+        if self._speech_ticks * TICK_S * 1000 >= self.settings.min_speech_ms:
+            if self._spec is None and self._quiet * FRAME_MS >= SPECULATE_MS:
+                self._speculate()
             decision = self._eot.decide()
             if decision is not None:
                 self._end_turn(decision.reason, now)
@@ -175,6 +188,7 @@ class VoiceAgent(Agent):
         if self.engine is None:
             return
         if isinstance(event, DtmfEvent):  # a key stops the reply, like speech does
+            self._drop_speculation()
             if self._busy:
                 self._barge_in()
             self._busy = True
@@ -244,34 +258,77 @@ class VoiceAgent(Agent):
         self._busy = True
         self._spawn(self._play_parts(_aiter(parts), None))
 
+    def _speculate(self) -> None:
+        """A short pause: start answering now, adopt it if the turn really ended."""
+        if not self.settings.speculate or self.engine is None:
+            return
+        texts = [*self._carry, self._stt.finish()]
+        self._carry = []
+        self._spec = Speculation(
+            texts, self.engine.fork(), self.models.tts, self.models.executor,
+            first_words=FIRST_WORDS,
+        )  # fmt: skip
+
+    def _drop_speculation(self) -> None:
+        if self._spec is not None:
+            self._carry = self._spec.abort()
+            self._spec = None
+
     def _end_turn(self, reason: str, now: float) -> None:
         timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason)
         self.turns.append(timing)
         self._turn = timing
         self._busy = True
         self._speech_ticks = 0
-        fut = self._stt.finish()
         self._eot.reset()
-        self._spawn(self._answer(fut, timing, self._gen))
+        spec, self._spec = self._spec, None
+        if spec is None:
+            assert self.engine is not None  # start() made it
+            texts = [*self._carry, self._stt.finish()]
+            self._carry = []
+            spec = Speculation(
+                texts, self.engine.fork(), self.models.tts, self.models.executor,
+                first_words=FIRST_WORDS,
+            )  # fmt: skip
+        else:
+            timing.speculative = True
+        self._spawn(self._answer(spec, timing, self._gen))
 
-    async def _answer(self, fut: Future[str], timing: TurnTiming, gen: int) -> None:
-        text = (await asyncio.wrap_future(fut)).strip()
-        timing.asr_done = time.monotonic()
-        if gen != self._gen:  # the caller went on talking before we answered: it was a
-            self._carry = text  # pause, not the end; these words open the next turn
-            return
-        text = f"{self._carry} {text}".strip()
-        self._carry = ""
-        timing.text = text
-        if not text or self.engine is None:
-            self._busy = False
-            return
-        log.info("caller: %s", text)
-        await self._play_parts(self.engine.respond(text), timing)
+    async def _answer(self, spec: Speculation, timing: TurnTiming, gen: int) -> None:
+        """Adopt the prepared reply (or wait for it) and play it."""
+        try:
+            await asyncio.wait(
+                {spec.task, asyncio.ensure_future(spec.heard.wait())},
+                return_when=asyncio.FIRST_COMPLETED,
+            )
+            timing.asr_done, timing.text = spec.asr_done, spec.text
+            if gen != self._gen:  # the caller went on talking before we answered: it was
+                self._carry = spec.abort()  # a pause; these words open the next turn
+                return
+            if not spec.heard.is_set() or not spec.text:
+                self._busy = False
+                return
+            await asyncio.shield(spec.task)
+        except asyncio.CancelledError:
+            spec.task.cancel()
+            raise
+        self.engine = spec.engine
+        timing.reply_ready, timing.tts_first = spec.reply_ready, spec.tts_first
+        log.info("caller: %s", spec.text)
+        parts = _chain(spec.head, spec.rest)
+        await self._play_parts(parts, timing, first=spec.first_audio)
 
     # -- speaking --------------------------------------------------------------------------
 
-    async def _play_parts(self, parts: AsyncIterator[ReplyPart], timing: TurnTiming | None) -> None:
+    async def _play_parts(
+        self,
+        parts: AsyncIterator[ReplyPart],
+        timing: TurnTiming | None,
+        *,
+        first: tuple[str, NDArray[np.int16]] | None = None,
+    ) -> None:
+        """Say and do a reply's parts in order; ``first``: its first piece, already spoken
+        by the TTS (a speculation's)."""
         self._busy = True
         self._cancel = threading.Event()
         gen = self._gen
@@ -284,7 +341,8 @@ class VoiceAgent(Agent):
                 if isinstance(part, Say):
                     if timing is not None:
                         timing.reply.append(part.text)
-                    await self._say(part.text, gen, timing)
+                    await self._say(part.text, gen, timing, first)
+                    first = None
                 else:
                     await self._wait_drained(gen)
                     if gen == self._gen:
@@ -299,8 +357,15 @@ class VoiceAgent(Agent):
                 self._busy = False
                 self._speech_ticks = self._run  # our own echo is not the caller's turn
 
-    async def _say(self, text: str, gen: int, timing: TurnTiming | None) -> None:
-        """Synthesise in the executor; each sentence's audio goes out as soon as it exists."""
+    async def _say(
+        self,
+        text: str,
+        gen: int,
+        timing: TurnTiming | None,
+        first: tuple[str, NDArray[np.int16]] | None = None,
+    ) -> None:
+        """Synthesise in the executor; each sentence's audio goes out as soon as it exists
+        (``first``, the first piece's, at once)."""
         loop = self._loop
         assert loop is not None
         cancel = self._cancel
@@ -320,9 +385,13 @@ class VoiceAgent(Agent):
                 self._drained.clear()
             self._out.write(audio)
 
+        if first is not None:
+            deliver(first[0], None)
+            deliver(*first)
+
         def work() -> None:
             try:
-                for sentence, pcm in self.models.speak(text, cancel):
+                for sentence, pcm in self.models.speak(text, cancel, skip=int(first is not None)):
                     if timing is not None and not timing.tts_first and pcm is not None:
                         timing.tts_first = time.monotonic()
                     loop.call_soon_threadsafe(deliver, sentence, pcm)
@@ -364,6 +433,16 @@ class VoiceAgent(Agent):
 async def _aiter(parts: list[ReplyPart]) -> AsyncIterator[ReplyPart]:
     for p in parts:
         yield p
+
+
+async def _chain(
+    head: list[ReplyPart], rest: AsyncIterator[ReplyPart] | None
+) -> AsyncIterator[ReplyPart]:
+    for p in head:
+        yield p
+    if rest is not None:
+        async for p in rest:
+            yield p
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

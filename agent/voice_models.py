@@ -62,8 +62,8 @@ class VoiceModels:
         device = cast(Device, s.device)
         self.vad = vad or SileroVad(threads=1, device=device)
         self.turn = turn or SmartTurn(threads=s.threads)
-        self.asr = asr or MoonshineAsr(threads=s.threads)
-        self.tts = tts or PiperTts(threads=s.threads, length_scale=length_scale)
+        self.asr = asr or MoonshineAsr(threads=s.threads, device=device)
+        self.tts = tts or PiperTts(threads=s.threads, length_scale=length_scale, device=device)
         self.executor = ThreadPoolExecutor(s.workers, thread_name_prefix="voice-model")
         self._batcher: TickBatcher[VadRequest, VadResult] | None = (
             None  # made on the running loop, at first use
@@ -90,7 +90,9 @@ class VoiceModels:
         return VadGate(self.vad, batcher, on_vad)
 
     def transcriber(self) -> IncrementalTranscriber:
-        return IncrementalTranscriber(self.asr, self.executor)
+        # the open segment is sent off as early as smart-turn is asked: both are done by
+        # the time the pause is long enough to end the turn
+        return IncrementalTranscriber(self.asr, self.executor, early_s=0.06)
 
     def end_of_turn(self, s: VoiceSettings) -> EndOfTurn:
         return EndOfTurn(
@@ -102,11 +104,12 @@ class VoiceModels:
         )
 
     def speak(
-        self, text: str, cancel: threading.Event
+        self, text: str, cancel: threading.Event, *, skip: int = 0
     ) -> Iterator[tuple[str, NDArray[np.int16] | None]]:
         """Sentence by sentence: (sentence, None) when one starts, then (sentence, audio).
-        Runs in the executor; checks ``cancel`` between sentences."""
-        for sentence in split_sentences(text, first_max_words=FIRST_WORDS):
+        Runs in the executor; checks ``cancel`` between sentences; ``skip``: pieces
+        already spoken (a speculation's first)."""
+        for sentence in split_sentences(text, first_max_words=FIRST_WORDS)[skip:]:
             if cancel.is_set():
                 return
             yield sentence, None

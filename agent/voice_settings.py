@@ -22,6 +22,7 @@ class VoiceSettings:
     pause_ms: int = 200  # silence after speech before smart-turn is asked
     max_silence_ms: int = 900  # silence after speech that ends a turn whatever the model says
     min_speech_ms: int = 120  # speech shorter than this is a click or a cough: not a turn
+    speculate: bool = True  # prepare the reply during the pause (agent.speculation)
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,7 @@ def select_providers(device: Device, available: Sequence[str] | None = None) -> 
 def create_session(
     path: Path,
     *,
+    model: bytes | None = None,
     name: str = "",
     device: Device = "auto",
     threads: int = 1,
@@ -97,6 +98,8 @@ def create_session(
     ``spinning`` is off by default: ORT's worker threads otherwise busy-wait between
     runs, and with many calls' sessions sharing a few cores that spinning steals CPU from
     the sessions doing real work. ``name`` (default: the file's stem) keys the registry.
+    ``model``: the serialized model to load instead of reading ``path`` (a graph patched
+    in memory); ``path`` then only names it in messages.
     """
     path = Path(path)
     name = name or path.stem
@@ -104,7 +107,7 @@ def create_session(
         raise ValueError("threads and inter_threads must be >= 1")
     if optimization not in _OPTIMIZATION:
         raise ValueError(f"optimization must be one of {sorted(_OPTIMIZATION)}")
-    if not path.is_file():
+    if model is None and not path.is_file():
         raise ModelRuntimeError(f"model {name}: file not found: {path}")
     providers = select_providers(device)
     opts = ort.SessionOptions()
@@ -119,7 +122,8 @@ def create_session(
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            session = ort.InferenceSession(str(path), opts, providers=providers)
+            source = str(path) if model is None else model
+            session = ort.InferenceSession(source, opts, providers=providers)
         except Exception as exc:  # ORT raises its own exception types
             raise ModelRuntimeError(f"model {name}: cannot load {path}: {exc}") from exc
     for w in caught:

@@ -120,6 +120,9 @@ def format_status(st: dict[str, Any]) -> str:
         lines.append(
             f"  {r['trunk']:<16} {r['state']:<12} {r['aor']} via {r['registrar']}{exp}{err}"
         )
+    models = st.get("models", {})
+    if models:
+        lines.append("models: " + ", ".join(f"{m} on {p}" for m, p in sorted(models.items())))
     calls = st.get("calls", [])
     lines.append(f"active calls ({len(calls)}):")
     lines.extend(

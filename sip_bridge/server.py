@@ -442,5 +442,15 @@ class BridgeServer:
             "counters": {**self.stats, "active": len(self.calls)},
             "admission": dict(self.policy.counts) if self.policy is not None else {},
             "registrations": regs.regs.status(now) if regs is not None else [],
+            "models": _models_in_use(),
             "calls": calls,
         }
+
+
+def _models_in_use() -> dict[str, str]:
+    """Model -> the execution provider it really runs on (CPU, CUDA...): empty until an
+    agent loaded one. Read lazily: a bridge with a line-check agent never loads onnxruntime."""
+    import sys
+
+    sessions = sys.modules.get("model_runtime.sessions")
+    return dict(sessions.providers_in_use()) if sessions is not None else {}

@@ -26,6 +26,7 @@ from agent.base import AgentEvent, AgentOutput, CallInfo, DtmfEvent, TransferReq
 from agent.profile import load_profile
 from agent.sentences import split_sentences
 from agent.voice import VoiceAgent, VoiceSettings
+from agent.voice_models import FIRST_WORDS
 
 DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
 TTS_RATE = 22050
@@ -61,7 +62,7 @@ class FakeModels:
     """Duck-types VoiceModels; everything the agent hands it is recorded."""
 
     def __init__(self) -> None:
-        self.tts = SimpleNamespace(sample_rate=TTS_RATE)
+        self.tts = SimpleNamespace(sample_rate=TTS_RATE, synthesize=self.synthesize)
         self.executor = ThreadPoolExecutor(1)
         self.asr_texts: deque[str] = deque()
         self.spoken: list[str] = []  # texts given to speak()
@@ -69,6 +70,7 @@ class FakeModels:
         self.finished = 0  # speak() generators run to their end
         self.hold: set[str] = set()  # sentences whose synthesis waits for `release`
         self.release = threading.Event()
+        self.holding = 0  # syntheses that reached a held sentence
         self.cancel_seen: list[bool] = []  # cancel.is_set() after a hold
         self.speech = False  # the VAD's verdict on every window of every push
         self.event: tuple[int | None, bool] | None = None  # (onset_lag, confirmed), once
@@ -90,16 +92,25 @@ class FakeModels:
     def end_of_turn(self, settings: VoiceSettings) -> FakeEar:
         return self.eot
 
+    def synthesize(self, sentence: str) -> NDArray[np.int16]:
+        """The TTS of one piece (a reply's first, made ahead of the rest)."""
+        if sentence in self.hold:
+            self.holding += 1
+            assert self.release.wait(5), "the test never released the TTS"
+        self.produced.append(sentence)
+        return _tone(len(sentence.split()) * WORD, 500, TTS_RATE, OUR_RMS)
+
     def speak(
-        self, text: str, cancel: threading.Event
+        self, text: str, cancel: threading.Event, *, skip: int = 0
     ) -> Iterator[tuple[str, NDArray[np.int16] | None]]:
         self.spoken.append(text)
         try:
-            for sentence in split_sentences(text):
+            for sentence in split_sentences(text, first_max_words=FIRST_WORDS)[skip:]:
                 if cancel.is_set():
                     return
                 yield sentence, None
                 if sentence in self.hold:
+                    self.holding += 1
                     assert self.release.wait(5), "the test never released the TTS"
                     self.cancel_seen.append(cancel.is_set())
                 self.produced.append(sentence)
@@ -177,11 +188,14 @@ class FakeOutput(AgentOutput):
 class Call:
     """One call: a VoiceAgent on fake models, driven tick by tick; stopped on exit."""
 
-    def __init__(self, profile_path: Path = DEMO, *, greeted: bool = True) -> None:
+    def __init__(
+        self, profile_path: Path = DEMO, *, greeted: bool = True, speculate: bool = True
+    ) -> None:
         self.models = FakeModels()
         self.out = FakeOutput()
         profile = load_profile(profile_path)
-        self.agent = VoiceAgent(self.models, profile, VoiceSettings())  # type: ignore[arg-type]
+        settings = VoiceSettings(speculate=speculate)
+        self.agent = VoiceAgent(self.models, profile, settings)  # type: ignore[arg-type]
         self.greeted = greeted  # start after the greeting has played
 
     async def __aenter__(self) -> Call:
@@ -454,23 +468,23 @@ def _wait(cond: Callable[[], bool]) -> bool:
 
 
 async def _stop_during_reply(*, tts_done_first: bool) -> None:
-    first, second = split_sentences(HOURS)
+    first, second = split_sentences(HOURS, first_max_words=FIRST_WORDS)
     async with Call() as c:
-        c.models.hold = {first}
+        c.models.hold = {first}  # the reply's first piece, made ahead of the rest
         await c.turn("what are your hours", wait_tts=False)
-        await c.until(lambda: len(c.models.spoken) == 2, "the reply's TTS to start")
+        await c.until(lambda: c.models.holding == 1, "the reply's TTS to start")
         n = len(c.out.writes)
         if tts_done_first:  # the audio is made and queued to the (blocked) loop first
             c.models.release.set()
-            assert _wait(lambda: c.models.finished == 2), "the TTS did not finish"
+            assert _wait(lambda: first in c.models.produced), "the TTS did not finish"
         c.out.stopped = True
         await c.agent.stop()
         c.models.release.set()
-        await c.until(lambda: c.models.finished == 2, "the TTS to end")
+        await c.until(lambda: first in c.models.produced, "the TTS to end")
+        await c.tick(3)
         assert c.out.after_stop == [] and len(c.out.writes) == n
-        assert not c.agent._tasks and first in c.models.produced
-        if not tts_done_first:  # cancelled between sentences
-            assert second not in c.models.produced
+        assert not c.agent._tasks
+        assert second not in c.models.produced  # the rest of the reply is never made
 
 
 @aio

@@ -119,6 +119,10 @@ async def _call(config: BridgeConfig, codec: str, script, **caller_opts):  # typ
     try:
         await caller.connect(("127.0.0.1", server.port))
         assert caller.status == 200
+        # `sip-bridge status` says where each model runs (CPU here; CUDA on a GPU machine)
+        models = server.status()["models"]
+        assert {"silero-vad", "smart-turn-v3.2", "piper-joe-medium"} <= set(models), models
+        assert all(p.endswith("ExecutionProvider") for p in models.values()), models
         return await script(Conversation(caller, agents[0]))
     finally:
         await caller.hangup()
@@ -139,7 +143,7 @@ def test_caller_asks_the_opening_hours_and_hears_them(config: BridgeConfig, code
         return greeting, transcribe(config, conv.heard_since_mark())
 
     greeting, answer = asyncio.run(_call(config, codec, script))
-    assert "calling" in greeting and "support" in greeting, greeting
+    assert "acme" in greeting and "support" in greeting, greeting
     # "We're open Monday to Friday, 8 a.m. to 6 p.m., and Saturday 9 to 1."
     assert "monday" in answer and "friday" in answer and "saturday" in answer, answer
 
@@ -159,7 +163,7 @@ def test_order_status_over_two_turns_with_a_spoken_order_number(config: BridgeCo
     prompt, status = asyncio.run(_call(config, "PCMU", script))
     assert "order number" in prompt, prompt
     # "Order 1 2 3 4 5 shipped on Monday and should arrive by Thursday."
-    assert "shipped" in status and "thursday" in status, status
+    assert "monday" in status and "thursday" in status, status
 
 
 def test_barge_in_stops_the_greeting_on_the_wire_and_the_question_is_answered(

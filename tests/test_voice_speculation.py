@@ -1,0 +1,58 @@
+"""Replies prepared during the caller's pause: adopted when the turn ends, dropped without a
+trace when the caller goes on (fake models, the harness of test_voice_agent)."""
+
+from __future__ import annotations
+
+from test_voice_agent import HOURS, Call, aio
+
+from agent.sentences import split_sentences
+from agent.voice_models import FIRST_WORDS
+
+
+@aio
+async def test_a_reply_prepared_in_the_pause_goes_out_the_tick_the_turn_ends() -> None:
+    first = split_sentences(HOURS, first_max_words=FIRST_WORDS)[0]
+    async with Call() as c:
+        c.models.asr_texts.append("what are your opening hours")
+        c.vad(True, True)
+        await c.tick(8, 2000)
+        c.vad(False, False)
+        await c.tick(4)  # 80 ms of pause: past the 60 ms that starts the speculation
+        await c.until(lambda: first in c.models.produced, "the first piece, made in the pause")
+        assert c.out.writes == [] or c.out.writes[-1][0] < c.out.tick - 4  # nothing said yet
+        n = len(c.out.writes)
+        assert c.agent.engine is not None and c.agent.engine.turns == 0  # only the fork knows
+        c.models.eot.fire = "model"
+        await c.tick()
+        turn = c.agent.turns[-1]
+        assert turn.speculative and turn.text == "what are your opening hours"
+        assert len(c.out.writes) > n and c.out.writes[n][0] == c.out.tick  # at once
+        assert turn.tts_first <= turn.turn_end <= turn.first_write
+        assert c.agent.engine.turns == 1  # the fork that answered was adopted
+        await c.drain()
+        assert c.transcript[-1] == ("agent", HOURS)
+
+
+@aio
+async def test_a_pause_that_was_not_the_end_leaves_no_trace_and_its_words_are_kept() -> None:
+    async with Call() as c:
+        c.models.asr_texts.extend(["where is my", "order"])
+        c.vad(True, True)
+        await c.tick(8, 2000)
+        c.vad(False)
+        await c.tick(4)  # a speculation on "where is my" starts...
+        await c.until(lambda: c.agent._spec is not None and c.agent._spec.heard.is_set())
+        c.vad(True)  # ...and the caller goes on
+        await c.tick(6, 2000)
+        assert c.agent._spec is None and c.out.writes[-1][0] < c.out.tick - 10
+        engine = c.agent.engine
+        assert engine is not None and engine.turns == 0 and engine.transcript[-1][0] == "agent"
+        c.vad(False, False)
+        await c.tick(2)
+        c.models.eot.fire = "model"
+        await c.tick()
+        await c.until(lambda: bool(c.agent.turns) and bool(c.agent.turns[-1].text))
+        assert c.agent.turns[-1].text == "where is my order"  # both pieces, in order
+        await c.drain()
+        assert ("caller", "where is my order") in c.transcript
+        assert c.transcript[-1][0] == "agent" and "order number" in c.transcript[-1][1]
