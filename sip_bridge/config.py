@@ -241,6 +241,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "pause_ms": (int,),
         "max_silence_ms": (int,),
         "min_speech_ms": (int,),
+        "speculate": (bool,),
     },
     "agent.speech_model": {
         "path": (str,),
