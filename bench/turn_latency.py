@@ -19,11 +19,8 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import time
-import wave
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -32,10 +29,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared test peers
-from wire_caller import SPEECH_DBFS, WireCaller
+from wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 from agent.voice import TurnTiming, VoiceAgent
-from resample import Resampler
 from sip_bridge.agents import make_agent
 from sip_bridge.config import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer
@@ -50,17 +46,6 @@ QUESTIONS = [
     "One two three four five.",
     "When do you close?",
 ]
-
-
-def speak(text: str) -> NDArray[np.int16]:
-    """espeak-ng speech at 8 kHz."""
-    with tempfile.TemporaryDirectory() as d:
-        wav = Path(d) / "q.wav"
-        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "165", "-w", str(wav), text], check=True)
-        with wave.open(str(wav)) as w:
-            rate = w.getframerate()
-            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-    return Resampler(rate, 8000).process(pcm)
 
 
 def _pct(xs: list[float], q: float) -> float | None:
@@ -163,7 +148,7 @@ async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
     load_s = time.monotonic() - t_load
     server = BridgeServer(config, agent_factory=factory)
     await server.start()
-    audio = [speak(q) for q in QUESTIONS]
+    audio = [espeak(q) for q in QUESTIONS]
     dest = ("127.0.0.1", server.port)
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:

@@ -238,11 +238,8 @@ MODELS: tuple[ModelSpec, ...] = (
         license="MIT",
         description="Moonshine base as shipped (.ort): the converter's test input",
         sources=(
-            Source(
-                package=_MOONSHINE_CPP.package,
-                version=_MOONSHINE_CPP.version,
-                wheel_sha256=_MOONSHINE_CPP.wheel_sha256,
-                platform=_MOONSHINE_CPP.platform,
+            replace(
+                _MOONSHINE_CPP,
                 files=tuple(
                     replace(f, name=PurePosixPath(f.member).name, converter=None)
                     for f in _MOONSHINE_CPP.files
@@ -256,11 +253,8 @@ MODELS: tuple[ModelSpec, ...] = (
         license="MIT",
         description="test recording: a man reading Beckett, 16 kHz WAV",
         sources=(
-            Source(
-                package=_MOONSHINE_CPP.package,
-                version=_MOONSHINE_CPP.version,
-                wheel_sha256=_MOONSHINE_CPP.wheel_sha256,
-                platform=_MOONSHINE_CPP.platform,
+            replace(
+                _MOONSHINE_CPP,
                 files=(
                     ModelFile(
                         member="moonshine_cpp-0.1.4.data/purelib/moonshine_cpp/test-data/beckett.wav",

@@ -9,9 +9,6 @@ the whole cascade (VAD, end of turn, ASR, dialogue, TTS, pacing) through G.711.
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import tempfile
-import wave
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,7 +16,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 from sipp_media import random_port_range
-from wire_caller import SPEECH_DBFS, WireCaller
+from wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 from agent.voice import VoiceAgent
 from resample import Resampler
@@ -28,16 +25,6 @@ from sip_bridge.config import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def espeak(text: str) -> NDArray[np.int16]:
-    with tempfile.TemporaryDirectory() as d:
-        wav = Path(d) / "q.wav"
-        subprocess.run(["espeak-ng", "-v", "en-us", "-s", "165", "-w", str(wav), text], check=True)
-        with wave.open(str(wav)) as w:
-            rate = w.getframerate()
-            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-    return Resampler(rate, 8000).process(pcm)
 
 
 @pytest.fixture(scope="module")
