@@ -11,13 +11,15 @@ raises it at once) and a slow exponential release.
 
 from __future__ import annotations
 
-import bisect
 import math
+from bisect import bisect_left, insort
 from collections import deque
 
 import numpy as np
 
 __all__ = ["DelayEstimator"]
+
+_GUARD_S = 1e-7  # float slack below a bucket boundary, where the exact test takes over
 
 
 class DelayEstimator:
@@ -60,6 +62,7 @@ class DelayEstimator:
         self._b_idx = -1
         self._b_t = 0.0
         self._b_r = math.inf
+        self._b_guard = -math.inf  # below it t is in the open bucket (see update)
         self._closed_min = math.inf  # min over closed buckets of r - slope * t
         self._secs: deque[tuple[float, float]] = deque()  # per-second minima (t, r)
         self._s_idx = -1
@@ -92,11 +95,13 @@ class DelayEstimator:
 
     def base_at(self, now_s: float) -> float:
         """The drift-corrected base relative transit at time `now_s` (seconds)."""
-        if self._t0 is None:
+        t0 = self._t0
+        if t0 is None:
             return 0.0
         slope = self.slope
-        m = min(self._closed_min, self._b_r - slope * self._b_t)
-        return m + slope * (now_s - self._t0)
+        m = self._b_r - slope * self._b_t
+        closed = self._closed_min
+        return (closed if closed < m else m) + slope * (now_s - t0)
 
     def typical_jitter_s(self) -> float:
         if not self._sorted:
@@ -104,17 +109,21 @@ class DelayEstimator:
         return self._sorted[len(self._sorted) // 2]
 
     def update(self, arrival_s: float, r: float, phase_s: float) -> float:
-        """Account one packet; returns its jitter sample (s)."""
-        if self._t0 is None:
-            self._t0 = arrival_s
-        t = arrival_s - self._t0
+        """Account one packet; returns its jitter sample (s).
+
+        Runs for every packet of every call: the bucket and second boundaries are checked
+        against precomputed bounds, attributes are read once."""
+        t0 = self._t0
+        if t0 is None:
+            t0 = self._t0 = arrival_s
+        t = arrival_s - t0
         last_r = self._last_r
         if last_r is not None:
             self.jitter_s += (abs(r - last_r) - self.jitter_s) * 0.0625
         self._last_r = r
-        # sliding minimum in buckets
-        b = int(t // self.bucket_s)
-        if b > self._b_idx:
+        # sliding minimum in buckets (b_guard: below it, t is still in the open bucket)
+        if t >= self._b_guard and int(t // self.bucket_s) > self._b_idx:
+            b = int(t // self.bucket_s)
             if self._b_idx >= 0:
                 buckets = self._buckets
                 buckets.append((self._b_idx, self._b_t, self._b_r))
@@ -123,44 +132,49 @@ class DelayEstimator:
                     buckets.popleft()
                 self._recompute_closed()
             self._b_idx, self._b_t, self._b_r = b, t, r
+            self._b_guard = (b + 1) * self.bucket_s - _GUARD_S
         elif r < self._b_r:
             self._b_t, self._b_r = t, r
-        # per-second minima for the drift slope
-        sec = int(t // 1.0)
-        if sec > self._s_idx:
+        # per-second minima for the drift slope (t // 1.0 > s is exactly t >= s + 1)
+        if t >= self._s_idx + 1:
             if self._s_n >= 10:  # sparse seconds (DTX) give biased minima
                 secs = self._secs
                 secs.append((self._s_t, self._s_r))
                 while secs and secs[0][0] < t - self.slope_window_s:
                     secs.popleft()
                 self._fit_slope()
-            self._s_idx, self._s_t, self._s_r, self._s_n = sec, t, r, 1
+            self._s_idx, self._s_t, self._s_r, self._s_n = int(t // 1.0), t, r, 1
         else:
             self._s_n += 1
             if r < self._s_r:
                 self._s_t, self._s_r = t, r
         slope = self.slope
-        base = min(self._closed_min, self._b_r - slope * self._b_t) + slope * t
+        m = self._b_r - slope * self._b_t
+        closed = self._closed_min
+        base = (closed if closed < m else m) + slope * t
         j = r - base
         if j < 0.0:
             j = 0.0
         j += phase_s
         # quantile window
         srt = self._sorted
-        bisect.insort(srt, j)
+        insort(srt, j)
         fifo = self._fifo
         fifo.append(j)
         if len(fifo) > self.window:
-            del srt[bisect.bisect_left(srt, fifo.popleft())]
+            del srt[bisect_left(srt, fifo.popleft())]
         n = len(srt)
-        q = srt[min(n - 1, int(self.quantile * n))] + self.margin_s
-        raw = self.min_delay_s if q < self.min_delay_s else min(q, self.max_delay_s)
+        k = int(self.quantile * n)
+        q = srt[k if k < n else n - 1] + self.margin_s
+        least = self.min_delay_s
+        raw = least if q < least else min(q, self.max_delay_s)
+        last_t = self._last_t
         if raw >= self.target_s:
             self.target_s = raw
         else:
-            dt = t - self._last_t
+            dt = t - last_t
             if dt > 0.0:
                 self.target_s = raw + (self.target_s - raw) * math.exp(-dt / self.release_tau_s)
-        if t > self._last_t:
+        if t > last_t:
             self._last_t = t
         return j

@@ -284,6 +284,32 @@ class JitterIngest:
         if not self._started and (self._start_t is None or t < self._start_t):
             self._start_t = t
 
+    def push_packet(
+        self,
+        seq: int,
+        timestamp: int,
+        pcm: NDArray[np.int16],
+        arrival_s: float,
+        marker: bool,
+        ssrc: int,
+    ) -> None:
+        """:meth:`push` for a caller that already holds a parsed RTP header (ints in range)
+        and a decoded payload (1-D int16, non-empty): the same effect, without re-checking
+        what the receiver knows. Why: it runs for every packet of every call."""
+        if (
+            self._have_stream
+            and seq == (self._hi_seq_raw + 1) & 0xFFFF
+            and (self._ssrc is None or ssrc == self._ssrc)
+            and type(arrival_s) is float
+            and -_MAX_TIME_S < arrival_s < _MAX_TIME_S
+            and pcm.size <= self._max_pkt
+            and self._ingest_next(seq, timestamp, pcm, arrival_s, marker, ssrc)
+        ):
+            self._last_arrival = arrival_s
+            self._received += 1
+            return
+        self.push(seq, timestamp, pcm, arrival_s, marker, ssrc)
+
     def _ingest_next(
         self,
         seq: int,
@@ -296,7 +322,8 @@ class JitterIngest:
         """The common case, cheaply: the next packet of the stream, in order, on time.
 
         Returns False (having changed nothing) when it is not that case, and
-        `_ingest`'s general path decides.
+        `_ingest`'s general path decides. What `_store` and the unwrappers' `note` do is
+        written out here: this runs for every packet.
         """
         rate = self.clock_rate
         dts = (ts - self._hi_ts_raw) & 0xFFFFFFFF
@@ -305,8 +332,10 @@ class JitterIngest:
         t = self._hi_t + dts
         n = pcm.size
         started = self._started
-        ref = self._cursor if started else self._floor
-        if t < ref or t + n > ref + self.capacity:
+        cursor = self._cursor
+        ref = cursor if started else self._floor
+        cap = self.capacity
+        if t < ref or t + n > ref + cap:
             return False
         useq = self._hi_useq + 1
         self._seq_uw.note(useq - self._seq_off)
@@ -320,9 +349,26 @@ class JitterIngest:
         self._hi_arrival = arrival
         if ssrc is not None:
             self._ssrc = ssrc
-        phase = ((t - self._cursor) % self.frame_samples) / rate if started else 0.0
+        phase = ((t - cursor) % self.frame_samples) / rate if started else 0.0
         self._est.update(arrival, arrival - t / rate, phase)
-        self._store(t, pcm, useq, marker, ref)
+        ring = self._ring
+        i = t % cap
+        j = i + n
+        if j <= cap:
+            ring.pcm[i:j] = pcm
+            ring.valid[i:j] = True
+            ring.seq[i:j] = useq
+        else:
+            ring.write(t, pcm, useq)
+        if marker:
+            self._markers.add(t)
+            if len(self._markers) > 256:
+                self._markers = {m for m in self._markers if m >= ref}
+        end = t + n
+        if end > self._max_end:
+            self._max_end = end
+        if not started and (self._start_t is None or t < self._start_t):
+            self._start_t = t
         return True
 
     def _new_stream(self, seq: int, ts: int, arrival: float, ssrc: int | None, first: bool) -> None:

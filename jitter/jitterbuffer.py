@@ -43,7 +43,7 @@ import math
 import numpy as np
 from numpy.typing import NDArray
 
-from jitter.jitter_ingest import _SEEN_MASK, JitterIngest, JitterStats, _finite
+from jitter.jitter_ingest import _MAX_TIME_S, _SEEN_MASK, JitterIngest, JitterStats, _finite
 
 __all__ = ["JitterBuffer", "JitterStats"]
 
@@ -70,9 +70,8 @@ class JitterBuffer(JitterIngest):
         """
         if not self._started or self._mode == "silence":
             return None
-        return (
-            self._cursor / self.clock_rate + self._est.base_at(self._last_now) + self._est.target_s
-        )
+        est = self._est
+        return self._cursor / self.clock_rate + est.base_at(self._last_now) + est.target_s
 
     @property
     def target_delay_ms(self) -> float:
@@ -137,7 +136,9 @@ class JitterBuffer(JitterIngest):
 
     def pop(self, now_s: float) -> NDArray[np.int16]:
         """One frame (exactly frame_samples int16) for the playout tick at `now_s`."""
-        now = _finite(now_s, self._last_now)
+        now = now_s
+        if not (type(now) is float and -_MAX_TIME_S < now < _MAX_TIME_S):
+            now = _finite(now_s, self._last_now)
         self._last_now = now
         f = self.frame_samples
         rate = self.clock_rate
@@ -176,9 +177,19 @@ class JitterBuffer(JitterIngest):
                 c = self._cursor = new_c
                 cur = now - (c / rate + base)
                 hi = cur - target
-        i = c % self.capacity
-        valid = self._ring.valid
-        if not valid[i]:
+        cap = self.capacity
+        ring = self._ring
+        i = c % cap
+        valid = ring.valid
+        j = i + f - 1
+        if j < cap and valid[i] and valid[j] and ring.seq[i] == ring.seq[j]:
+            # One packet wrote both ends, so all between: a write is one contiguous run,
+            # and clears only ever end at the cursor (the usual frame: no scan needed).
+            full = True
+        else:
+            run = valid[i : i + f] if j < cap else ring.view(valid, c, f)
+            full = bool(run.all())
+        if not full and not valid[i]:
             nxt = self._next_valid(c)
             loss = self._hole_is_loss(nxt)
             want = math.floor((now - base - target) * rate)
@@ -204,14 +215,10 @@ class JitterBuffer(JitterIngest):
                 self._ring.clear(c, start - c)
                 self._cursor = start
             return self._produce(start)
-        if i + f <= self.capacity:
-            full = bool(valid[i : i + f].all())
-        else:
-            full = bool(self._ring.view(valid, c, f).all())
         if not full:
             return self._produce(c)
         # continuous speech at the cursor
-        frame = self._ring.view(self._ring.pcm, c, f)
+        frame = ring.pcm[i : i + f] if i + f <= cap else ring.view(ring.pcm, c, f)
         low = below_avg = False
         self._frames_seen += 1
         if self.follows_due:
@@ -262,9 +269,12 @@ class JitterBuffer(JitterIngest):
         if not blend:
             self._plc.end_erasure()
         out = self._plc.good(frame.copy(), blend=blend)
-        self._ring.clear(c, f)
+        if i + f <= cap:
+            valid[i : i + f] = False
+        else:
+            ring.clear(c, f)
         self._cursor = c + f
-        self._last_played_seq = int(self._ring.seq[(c + f - 1) % self.capacity])
+        self._last_played_seq = int(ring.seq[(c + f - 1) % cap])
         self._pts = c - self._ts_off
         self._mode = "audio"
         return out

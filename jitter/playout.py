@@ -52,13 +52,16 @@ class PlayoutBuffer:
     def overflow_ms(self) -> float:
         return 1000.0 * self.overflow_samples / self.rate
 
-    def write(self, pcm: NDArray[np.int16]) -> None:
+    def write(self, pcm: NDArray[np.int16], *, copy: bool = True) -> None:
+        """Queue samples. ``copy=False`` keeps a reference instead of a copy: only for a
+        caller that hands over an array nobody else will write to (the media clock's
+        freshly resampled rows)."""
         a = np.asarray(pcm)
         if a.dtype != np.int16 or a.ndim != 1:
             raise ValueError("pcm must be a 1-D int16 array")
         if a.size == 0:
             return
-        self._chunks.append(a.copy())
+        self._chunks.append(a.copy() if copy else a)
         self._queued += a.size
         self.written_samples += a.size
         if self.max_samples is not None and self._queued > self.max_samples:
@@ -83,6 +86,19 @@ class PlayoutBuffer:
 
     def pop(self) -> NDArray[np.int16]:
         f = self.frame_samples
+        if self._chunks:  # the usual frame: all inside the first chunk, one copy
+            c = self._chunks[0]
+            h = self._head
+            if c.size - h >= f:
+                out = c[h : h + f].copy()
+                if c.size - h == f:
+                    self._chunks.popleft()
+                    self._head = 0
+                else:
+                    self._head = h + f
+                self._queued -= f
+                self.popped_samples += f
+                return out
         out = np.zeros(f, dtype=np.int16)
         filled = 0
         while filled < f and self._chunks:

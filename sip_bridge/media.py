@@ -197,6 +197,7 @@ class CallMedia:
         )
         p = self.params
         self.rtcp = RtcpLink(session, rtcp_remote(p), mux=p.rtcp_mux, latch=p.latch)
+        self.receiver.on_accepted = session.on_rtp_received  # one call less per packet
         try:
             if not p.rtcp_mux:
                 self._rtcp_transport = await bind_rtcp(self._lease.transport, self.rtcp)
@@ -255,6 +256,8 @@ class CallMedia:
             return
         if now is None:
             now = asyncio.get_running_loop().time()
+        if self.params.receive and self.receiver.take_audio(data, addr, now):
+            return  # the common packet: audio from the peer (no digits, never RTCP)
         if looks_like_rtcp(data):  # rtcp-mux, or a peer that muxes anyway: digest it
             self.receiver.receive(data, addr, now)  # counts it
             if self.rtcp is not None:
@@ -286,21 +289,24 @@ class CallMedia:
     def _rx_pop(self) -> NDArray[np.int16]:
         """One frame for the tick at ``_rx_t`` (silence too, so samples are a clock)."""
         t = self._rx_t
-        now = self._clock.loop.time() if self._clock is not None else t
-        if self._sock is not None and self._clock is not None and self._clock.poller is None:
+        clock = self._clock
+        now = clock.loop.time() if clock is not None else t
+        if self._sock is not None and clock is not None and clock.poller is None:
             for data, addr, arrival in self._sock.drain(now):
                 self._on_datagram(data, addr, arrival)
         if now - t > 1.0:
             t = now  # the loop stalled for a second: do not replay every missed tick
-        due = self.jb.due_s
-        frame = self.jb.pop(t)
+        jb = self.jb
+        due = jb.due_s
+        frame = jb.pop(t)
         if due is not None:
-            self._pop_wait[0] += now - due
-            self._pop_wait[1] += 1
+            wait = self._pop_wait
+            wait[0] += now - due
+            wait[1] += 1
         # Pops happen on the first wake-up at or after _rx_t: keep it on the grid, so the
         # buffer is told when it really pops, and no lag adds to the grid's own 0..5 ms.
-        nxt = next_tick(t, self._frame_s, self.jb.due_s, lag_s=_POP_LAG_S)
-        self._rx_t = self._clock.grid_at_or_after(nxt) if self._clock is not None else nxt
+        nxt = next_tick(t, self._frame_s, jb.due_s, lag_s=_POP_LAG_S)
+        self._rx_t = clock.grid_at_or_after(nxt) if clock is not None else nxt
         return frame
 
     def _flush(self) -> float:
@@ -470,8 +476,14 @@ class CallMedia:
             self._send_audio(self.codec.encode(frame).tobytes(), dest, now)
 
     def _send_audio(self, payload: bytes, dest: tuple[str, int], now: float) -> None:
-        data = self.sender.next_packet(payload, self.frame_samples)
-        self._send_datagram(data, dest, now, len(payload))
+        sender = self.sender
+        ts = sender.timestamp  # what the packet carries (no need to parse it back)
+        data = sender.next_packet(payload, self.frame_samples)
+        if self.params.send:  # what _send_datagram does, for the packet sent every frame
+            assert self._sock is not None
+            self._sock.sendto(data, dest)
+            if self.rtcp is not None:
+                self.rtcp.session.on_rtp_sent(len(data), len(payload), ts, now)
         if self._spurt_go and self._spurt_t is not None:
             self.first_frame_delays.append(time.monotonic() - self._spurt_t)
             self._spurt_go, self._spurt_t = False, None

@@ -33,6 +33,7 @@ __all__ = [
 ]
 
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # 35 on Linux
+_SOL_SOCKET = socket.SOL_SOCKET
 _TIMESPEC = struct.Struct("@qq")
 _ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 
@@ -133,10 +134,14 @@ class PolledSocket:
                 continue
             arrival = loop_now
             for level, kind, raw in anc:
-                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS:
+                if level == _SOL_SOCKET and kind == _SO_TIMESTAMPNS:
                     sec, nsec = _TIMESPEC.unpack_from(raw)
-                    arrival = min(loop_now, sec + nsec * 1e-9 - offset)
-            return data, (str(addr[0]), int(addr[1])), arrival
+                    stamp = sec + nsec * 1e-9 - offset
+                    if stamp < loop_now:
+                        arrival = stamp
+            if len(addr) != 2:  # IPv6: (host, port, flowinfo, scope_id)
+                addr = (addr[0], addr[1])
+            return data, addr, arrival
         return None
 
     def drain(self, loop_now: float, limit: int = 64) -> list[Datagram]:

@@ -53,32 +53,38 @@ class Pacer:
         self.followed = 0  # frames sent late because their producer was (see follow)
         self.waits: deque[float] = deque(maxlen=history)  # seconds, per followed frame
         self.lateness: deque[float] = deque(maxlen=history)  # seconds, per frame sent
+        #: ``t0 + k * frame_s``, kept up to date by every method that moves t0 or k: the
+        #: media clock reads it for every call on every tick.
+        self.next_deadline = 0.0
 
     def start(self, now: float) -> None:
         self.t0 = now
         self.k = 0
-
-    @property
-    def next_deadline(self) -> float:
-        return self.t0 + self.k * self.frame_s
+        self.next_deadline = now + 0 * self.frame_s
 
     def poll(self, now: float) -> tuple[int, list[float]]:
         """(frames to skip, deadlines of the frames to send now, oldest first)."""
-        due = int((now - self.t0) // self.frame_s) + 1 - self.k
+        if now < self.next_deadline:
+            return 0, []  # nothing due yet (the formula below says the same, slower)
+        t0, frame_s = self.t0, self.frame_s
+        due = int((now - t0) // frame_s) + 1 - self.k
         if due <= 0:
             return 0, []
         skip = max(0, due - self.max_burst)
-        self.k += skip
+        k = self.k + skip
         self.skipped_frames += skip
         out = []
+        half = frame_s / 2
         for _ in range(due - skip):
-            deadline = self.next_deadline
+            deadline = t0 + k * frame_s
             late = now - deadline
             self.lateness.append(late)
-            if late > self.frame_s / 2:
+            if late > half:
                 self.late_frames += 1
             out.append(deadline)
-            self.k += 1
+            k += 1
+        self.k = k
+        self.next_deadline = t0 + k * frame_s
         self.sent += len(out)
         return skip, out
 
@@ -86,6 +92,7 @@ class Pacer:
         """Send the next frame at ``now`` and continue the grid from there (talkspurt start)."""
         self.t0 = now
         self.k = 0
+        self.next_deadline = now + 0 * self.frame_s
         self.rephased += 1
 
     def follow(self, t: float, now: float) -> float:
@@ -96,6 +103,7 @@ class Pacer:
         self.waits.append(now - deadline)
         self.followed += 1
         self.t0, self.k = t, 1
+        self.next_deadline = t + 1 * self.frame_s
         self.sent += 1
         return deadline
 

@@ -202,6 +202,12 @@ class RtcpSession:
         stats = self.sources.get(ssrc)
         if stats is None:
             stats = self.sources[ssrc] = ReceptionStats(ssrc, self.clock_rate)
+        m = stats.max_seq
+        if m is not None and seq == (m + 1) & 0xFFFF:  # on_packet's in-order case, inlined
+            stats.max_seq = m + 1
+            stats.received += 1
+            stats.jitter.update(now, ts)
+            return
         stats.on_packet(seq, ts, now)
 
     def on_rtcp(self, data: bytes | bytearray | memoryview, now: float) -> list[RtcpReport]:

@@ -45,6 +45,8 @@ RTP_HEADER_SIZE = 12
 
 _SEQ_MOD = 1 << 16
 _TS_MOD = 1 << 32
+_TS_HALF = 1 << 31
+_TS_MASK = _TS_MOD - 1
 _HEADER = struct.Struct("!BBHII")
 _EXT_HEADER = struct.Struct("!HH")
 _EVENT = struct.Struct("!BBH")
@@ -256,7 +258,11 @@ class InterarrivalJitter:
         self._last_ts: int | None = None
 
     def update(self, arrival_s: float, rtp_timestamp: int) -> float:
-        ext = unwrap_ts(self._last_ts, rtp_timestamp)
+        last = self._last_ts
+        if last is not None and 0 <= rtp_timestamp < _TS_MOD:  # unwrap_ts, inlined (hot)
+            ext = last + ((rtp_timestamp - last + _TS_HALF) & _TS_MASK) - _TS_HALF
+        else:
+            ext = unwrap_ts(last, rtp_timestamp)
         self._last_ts = ext
         transit = arrival_s * self.clock_rate - ext
         if self._last_transit is not None:

@@ -29,9 +29,22 @@ SSRC_SWITCH_PACKETS = 3  # consecutive packets of a new SSRC before we follow it
 
 @dataclass(frozen=True, slots=True)
 class Codec:
+    """A G.711 law: its functions, and their lookup tables for the per-packet hot path
+    (``dec_table.take(codes)`` is ``decode(codes)``, ``enc_table.take(pcm.view(uint16))``
+    is ``encode(pcm)``, without the calls and dtype checks per packet)."""
+
     name: str
     encode: Callable[[NDArray[np.int16]], NDArray[np.uint8]]
     decode: Callable[[NDArray[np.uint8] | bytes], NDArray[np.int16]]
+    dec_table: NDArray[np.int16] = field(init=False, repr=False, compare=False)
+    enc_table: NDArray[np.uint8] = field(init=False, repr=False, compare=False)  # by uint16
+
+    def __post_init__(self) -> None:
+        dec = self.decode(np.arange(256, dtype=np.uint8))
+        enc = self.encode(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.int16))
+        dec.flags.writeable = enc.flags.writeable = False
+        object.__setattr__(self, "dec_table", dec)
+        object.__setattr__(self, "enc_table", enc)
 
 
 CODECS: dict[int, Codec] = {
@@ -79,18 +92,11 @@ class RtpReceiver:
     dtmf_packets: int = 0
     ssrc: int | None = None
     _candidate: tuple[int, int] = field(default=(-1, 0))  # (ssrc, consecutive packets)
-    _ssrc_bytes: bytes = b""  # self.ssrc as it sits in the header
 
     def receive(self, data: bytes, source: tuple[str, int], now: float) -> list[DtmfDigit]:
         """One datagram that arrived at ``now``; returns completed DTMF key presses."""
-        if (
-            len(data) > 12
-            and data[0] == 0x80  # version 2, no padding, extension or CSRCs: the usual
-            and data[1] & 0x7F == self.payload_type
-            and addr_key(source[0], source[1]) == self.remote
-            and (self.ssrc is None or data[8:12] == self._ssrc_bytes)
-        ):
-            return self._receive_audio(data, now)
+        if self.take_audio(data, source, now):
+            return []
         self.packets += 1
         if looks_like_rtcp(data):
             self.rtcp += 1  # RTCP muxed on the RTP port: not handled yet
@@ -149,20 +155,31 @@ class RtpReceiver:
             "wrong_ssrc": self.wrong_ssrc,
         }
 
-    def _receive_audio(self, data: bytes, now: float) -> list[DtmfDigit]:
-        """The common packet cheaply: audio from the expected source and SSRC, plain header
-        (what :meth:`RtpPacket.parse` would make of it, without building the object)."""
-        self.packets += 1
+    def take_audio(self, data: bytes, source: tuple[str, int], now: float) -> bool:
+        """The common packet cheaply, or False (nothing done) for :meth:`receive` to decide:
+        audio from the expected source and SSRC with a plain header (version 2, no padding,
+        extension or CSRCs), which is what :meth:`RtpPacket.parse` would make of it,
+        without building the object. Such a packet is never RTCP (its second octet is
+        0, 8, 128 or 136 for G.711) and never a DTMF event."""
+        if len(data) <= 12 or data[0] != 0x80:
+            return False
         _, b1, seq, ts, ssrc = _FIXED_HEADER.unpack_from(data)
+        if b1 & 0x7F != self.payload_type or (self.ssrc is not None and ssrc != self.ssrc):
+            return False
+        remote = self.remote
+        if source != remote and addr_key(source[0], source[1]) != remote:
+            return False
+        self.packets += 1
         if self.latch:
             self.latched = True
         if self.ssrc is None or self._candidate[1]:
             self._lock(ssrc)  # what _ssrc_ok does for the locked SSRC: forget a stray one
-        self.jb.push(seq, ts, self.codec.decode(data[12:]), now, b1 >= 0x80, ssrc)
+        pcm = self.codec.dec_table.take(np.frombuffer(data, np.uint8, -1, 12))
+        self.jb.push_packet(seq, ts, pcm, now, b1 >= 0x80, ssrc)
         self.accepted += 1
         if self.on_accepted is not None:
             self.on_accepted(ssrc, seq, ts, now)
-        return []
+        return True
 
     def _ssrc_ok(self, ssrc: int) -> bool:
         """Lock on the first SSRC; follow a new one only after a few packets in a row.
@@ -183,5 +200,4 @@ class RtpReceiver:
 
     def _lock(self, ssrc: int) -> None:
         self.ssrc = ssrc
-        self._ssrc_bytes = ssrc.to_bytes(4, "big")
         self._candidate = (-1, 0)

@@ -385,3 +385,59 @@ def test_bad_pcm_raises_value_error() -> None:
             pass
         else:  # pragma: no cover
             raise AssertionError("expected ValueError")
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.integers(0, 3),  # pushes before the next pop
+            st.integers(-3, 6),  # seq step
+            st.integers(-2, 5),  # ts step in frames
+            st.floats(min_value=-0.05, max_value=0.2),  # arrival jitter
+            st.sampled_from([1234, 1234, 1234, 99]),  # mostly one SSRC, sometimes another
+            st.sampled_from([80, 160, 160, 240]),  # samples per packet
+        ),
+        min_size=1,
+        max_size=80,
+    ),
+    follows_due=st.booleans(),
+)
+def test_push_packet_is_push_for_a_parsed_packet(
+    ops: list[tuple[int, int, int, float, int, int]], follows_due: bool
+) -> None:
+    """The receiver's fast entry (ints in range, decoded PCM) changes nothing: the same
+    frames, the same due times, the same counters as push() for every packet."""
+    a = JitterBuffer(RATE, follows_due=follows_due)
+    b = JitterBuffer(RATE, follows_due=follows_due)
+    seq, ts, now = 65_530, 2**32 - 3 * FRAME, 0.0
+    for pushes, dseq, dts, jit, ssrc, n in ops:
+        for _ in range(pushes):
+            seq = (seq + dseq) & 0xFFFF
+            ts = (ts + dts * FRAME) & 0xFFFFFFFF
+            pcm = pcm_at(ts, n)
+            a.push(seq, ts, pcm, now + jit, False, ssrc)
+            b.push_packet(seq, ts, pcm, now + jit, False, ssrc)
+        now += 0.02
+        assert a.due_s == b.due_s
+        assert np.array_equal(a.pop(now), b.pop(now))
+    assert a.stats == b.stats
+
+
+def test_a_frame_with_a_hole_is_not_taken_for_a_full_one() -> None:
+    """pop() takes a frame as complete without scanning it when one packet wrote both of
+    its ends; a frame made of two packets with a gap between them must still be seen as
+    incomplete (the gap concealed or silent, never stale samples)."""
+    jb = JitterBuffer(RATE, min_delay_ms=20)
+    for k in range(10):  # a clean stream first: playing, cursor on the packet grid
+        jb.push(k, k * FRAME, pcm_at(k * FRAME, FRAME), k * TICK)
+        jb.pop(k * TICK + 0.03)
+    # then half-frame packets with the middle quarter of one frame missing
+    base = 10 * FRAME
+    jb.push(10, base, pcm_at(base, 60), 10 * TICK)
+    jb.push(11, base + 100, pcm_at(base + 100, 60), 10 * TICK)
+    out = jb.pop(10 * TICK + 0.03)
+    want = pcm_at(base, FRAME)
+    assert np.array_equal(out[:60], want[:60])
+    assert np.array_equal(out[100:], want[100:])
+    assert not np.array_equal(out[60:100], want[60:100])  # filled, not taken as audio

@@ -392,6 +392,23 @@ def test_pacer_keeps_an_absolute_grid_and_bounds_catch_up() -> None:
     assert p.poll(p.t0) == (0, [p.t0])
 
 
+def test_pacer_next_deadline_follows_every_move_of_its_grid() -> None:
+    """next_deadline is kept as a field (the clock reads it for every call and tick): it
+    must equal t0 + k * frame_s after every poll, rephase and follow."""
+    p = Pacer(0.02, max_burst=3)
+    p.start(50.0)
+    now = 50.0
+    for step in [0.0013, 0.05, 0.2, 0.0, 0.019, 0.021, 0.5]:
+        now += step
+        p.poll(now)
+        assert p.next_deadline == p.t0 + p.k * p.frame_s
+        if step == 0.2:
+            p.rephase(now + 0.003)
+        elif step == 0.019:
+            p.follow(now + 0.005, now + 0.006)
+        assert p.next_deadline == p.t0 + p.k * p.frame_s
+
+
 def test_next_tick_nudges_at_most_5_ms() -> None:
     assert next_tick(1.0, 0.02, None) == pytest.approx(1.02)
     assert next_tick(1.0, 0.02, 1.022) == pytest.approx(1.023)  # due + 1 ms

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import struct
 
+import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -24,6 +25,7 @@ from sip_bridge.rtp import (
     unwrap_seq,
     unwrap_ts,
 )
+from sip_bridge.rtp_receiver import CODECS
 
 # ---------------------------------------------------------------------------------------
 # Hand-assembled vectors (RFC 3550 section 5.1 layout)
@@ -662,3 +664,13 @@ def test_struct_layout_sanity() -> None:
     # the header really is network byte order
     data = RtpPacket(0, 0x0102, 0x03040506, 0x0708090A).serialize()
     assert struct.unpack("!BBHII", data) == (0x80, 0, 0x0102, 0x03040506, 0x0708090A)
+
+
+def test_codec_lookup_tables_are_the_codec_functions() -> None:
+    """The receive and send hot paths decode/encode by table lookup: every code and
+    every sample value must come out as the G.711 functions give it."""
+    codes = np.arange(256, dtype=np.uint8)
+    pcm = np.arange(-32768, 32768, dtype=np.int32).astype(np.int16)
+    for codec in CODECS.values():
+        assert np.array_equal(codec.dec_table.take(codes), codec.decode(codes))
+        assert np.array_equal(codec.enc_table.take(pcm.view(np.uint16)), codec.encode(pcm))
