@@ -32,7 +32,7 @@ class _Synth(Protocol):
 
 async def join_texts(texts: list[Future[str]]) -> str:
     """The ASR texts of one turn's pieces, in order."""
-    parts = [(await asyncio.wrap_future(f)).strip() for f in texts]
+    parts = [(await asyncio.shield(asyncio.wrap_future(f))).strip() for f in texts]
     return " ".join(p for p in parts if p)
 
 

@@ -65,6 +65,7 @@ class FakeModels:
         self.tts = SimpleNamespace(sample_rate=TTS_RATE, synthesize=self.synthesize)
         self.executor = ThreadPoolExecutor(1)
         self.asr_texts: deque[str] = deque()
+        self.finish_futures: deque[Future[str]] = deque()
         self.spoken: list[str] = []  # texts given to speak()
         self.produced: list[str] = []  # sentences whose audio the TTS yielded
         self.finished = 0  # speak() generators run to their end
@@ -137,6 +138,9 @@ class FakeEar:
 
     def finish(self) -> Future[str]:
         self.utterances.append(self.pushed)
+        if self.models.finish_futures:  # a test's own (e.g. slow) transcription
+            self.pushed = []
+            return self.models.finish_futures.popleft()
         self.pushed, text = [], self.models.asr_texts.popleft()
         return self.models.executor.submit(lambda: text)
 

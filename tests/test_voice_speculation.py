@@ -3,6 +3,8 @@ trace when the caller goes on (fake models, the harness of test_voice_agent)."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 from test_voice_agent import HOURS, Call, aio
 
 from agent.sentences import split_sentences
@@ -56,3 +58,28 @@ async def test_a_pause_that_was_not_the_end_leaves_no_trace_and_its_words_are_ke
         await c.drain()
         assert ("caller", "where is my order") in c.transcript
         assert c.transcript[-1][0] == "agent" and "order number" in c.transcript[-1][1]
+
+
+@aio
+async def test_dropping_a_speculation_never_cancels_the_transcription_it_carries() -> None:
+    """A speculation dropped while it still waits for the ASR: the text must reach the
+    continued turn (cancelling it once cost the whole turn its words)."""
+    async with Call() as c:
+        slow: Future[str] = Future()  # like IncrementalTranscriber's joined result
+        c.models.finish_futures.append(slow)
+        c.models.asr_texts.append("three")
+        c.vad(True, True)
+        await c.tick(8, 2000)
+        c.vad(False)
+        await c.tick(4)  # speculation on the slow "one two"...
+        assert c.agent._spec is not None and not c.agent._spec.heard.is_set()
+        c.vad(True)  # ...dropped while it waits
+        await c.tick(4, 2000)
+        assert not slow.cancelled()
+        slow.set_result("one two")
+        c.vad(False, False)
+        await c.tick(2)
+        c.models.eot.fire = "model"
+        await c.tick()
+        await c.until(lambda: bool(c.agent.turns) and c.agent.turns[-1].asr_done > 0)
+        assert c.agent.turns[-1].text == "one two three"
