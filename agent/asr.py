@@ -228,6 +228,24 @@ class IncrementalTranscriber:
             self._clear()
         return _joined(futures)
 
+    def snapshot(self) -> concurrent.futures.Future[str]:
+        """The text so far, without ending the utterance (a reply prepared during a pause
+        that may not be the end): closed segments, then the open one as it stands."""
+        with self._lock:
+            futures = list(self._done)
+            if self._voiced and self._early_job is not None:
+                futures.append(self._early_job)  # only non-speech came after it
+            elif self._voiced:
+                audio = np.concatenate(self._chunks)
+                futures.append(self.executor.submit(self.asr.transcribe, audio))
+        return _joined(futures)
+
+    def forget(self) -> None:
+        """Start a new utterance without cancelling anything: a snapshot took it over."""
+        with self._lock:
+            self._done = []
+            self._clear()
+
     def reset(self) -> None:
         """Forget the utterance in progress (barge-in, hang-up); pending work is cancelled."""
         with self._lock:

@@ -82,6 +82,7 @@ class Speculation:
             self.tts_first = time.monotonic()
 
     def abort(self) -> list[Future[str]]:
-        """The caller went on: stop, and hand back the ASR of the words heard so far."""
+        """The caller went on: stop, and hand back the texts it was given (the last is
+        the transcriber's snapshot; the ones before it, words carried from earlier)."""
         self.task.cancel()
         return self.texts

@@ -262,7 +262,7 @@ class VoiceAgent(Agent):
         """A short pause: start answering now, adopt it if the turn really ended."""
         if not self.settings.speculate or self.engine is None:
             return
-        texts = [*self._carry, self._stt.finish()]
+        texts = [*self._carry, self._stt.snapshot()]  # the utterance goes on meanwhile
         self._carry = []
         self._spec = Speculation(
             texts, self.engine.fork(), self.models.tts, self.models.executor,
@@ -270,8 +270,10 @@ class VoiceAgent(Agent):
         )  # fmt: skip
 
     def _drop_speculation(self) -> None:
+        """The caller went on: the utterance, still open in the transcriber, goes on too
+        (what the speculation carried from an earlier turn goes back to wait)."""
         if self._spec is not None:
-            self._carry = self._spec.abort()
+            self._carry = self._spec.abort()[:-1]
             self._spec = None
 
     def _end_turn(self, reason: str, now: float) -> None:
@@ -292,15 +294,16 @@ class VoiceAgent(Agent):
             )  # fmt: skip
         else:
             timing.speculative = True
+            self._stt.forget()  # its snapshot has the whole utterance
         self._spawn(self._answer(spec, timing, self._gen))
 
     async def _answer(self, spec: Speculation, timing: TurnTiming, gen: int) -> None:
         """Adopt the prepared reply (or wait for it) and play it."""
         try:
-            await asyncio.wait(
-                {spec.task, asyncio.ensure_future(spec.heard.wait())},
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+            if not spec.task.done() and not spec.heard.is_set():
+                heard = asyncio.ensure_future(spec.heard.wait())
+                await asyncio.wait({spec.task, heard}, return_when=asyncio.FIRST_COMPLETED)
+                heard.cancel()
             timing.asr_done, timing.text = spec.asr_done, spec.text
             if gen != self._gen:  # the caller went on talking before we answered: it was
                 self._carry = spec.abort()  # a pause; these words open the next turn
@@ -308,7 +311,8 @@ class VoiceAgent(Agent):
             if not spec.heard.is_set() or not spec.text:
                 self._busy = False
                 return
-            await asyncio.shield(spec.task)
+            if not spec.task.done():  # a prepared reply goes out without a loop turn
+                await asyncio.shield(spec.task)
         except asyncio.CancelledError:
             spec.task.cancel()
             raise

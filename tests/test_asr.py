@@ -222,3 +222,22 @@ def test_push_never_waits_for_inference_and_reset_forgets(asr: MoonshineAsr) -> 
         assert after_reset.result(timeout=10) == ""
         inc.push(x, True)
         assert "tried" in _words(inc.finish().result(timeout=30))
+
+
+def test_snapshot_reads_the_utterance_so_far_and_leaves_it_open(asr: MoonshineAsr) -> None:
+    """What a reply prepared during a pause reads: the words so far; the utterance goes on
+    unsplit, and forget() hands it over without cancelling anything."""
+    audio = _beckett()
+    cut = int(np.flatnonzero(np.abs(audio) > 2000)[0]) + 16000 * 2  # ~2 s into the speech
+    t = IncrementalTranscriber(asr, pause_s=30.0, max_segment_s=60.0)  # no segment closes
+    for i in range(0, cut, 320):
+        t.push(audio[i : min(i + 320, cut)], True)
+    snap = t.snapshot().result(60)
+    for i in range(cut, audio.size, 320):
+        t.push(audio[i : i + 320], True)
+    whole = t.snapshot().result(60)
+    assert _words(snap) and len(_words(whole)) > len(_words(snap))
+    assert _words(whole)[:2] == _words(snap)[:2]  # the same utterance, not a new one
+    assert _wer(BECKETT, whole) <= 0.1
+    t.forget()
+    assert t.finish().result(60) == ""  # nothing left: the snapshot took it all

@@ -144,6 +144,17 @@ class FakeEar:
         self.pushed, text = [], self.models.asr_texts.popleft()
         return self.models.executor.submit(lambda: text)
 
+    def snapshot(self) -> Future[str]:
+        """The text so far, the utterance going on (a speculation's view of it)."""
+        if self.models.finish_futures:
+            return self.models.finish_futures.popleft()
+        text = self.models.asr_texts.popleft()
+        return self.models.executor.submit(lambda: text)
+
+    def forget(self) -> None:
+        self.utterances.append(self.pushed)
+        self.pushed = []
+
     def decide(self) -> SimpleNamespace | None:
         return SimpleNamespace(reason=self.fire) if self.fire else None
 

@@ -38,7 +38,8 @@ async def test_a_reply_prepared_in_the_pause_goes_out_the_tick_the_turn_ends() -
 @aio
 async def test_a_pause_that_was_not_the_end_leaves_no_trace_and_its_words_are_kept() -> None:
     async with Call() as c:
-        c.models.asr_texts.extend(["where is my", "order"])
+        # what the transcriber has at each pause: the utterance so far, never split
+        c.models.asr_texts.extend(["where is my", "where is my order"])
         c.vad(True, True)
         await c.tick(8, 2000)
         c.vad(False)
@@ -54,7 +55,7 @@ async def test_a_pause_that_was_not_the_end_leaves_no_trace_and_its_words_are_ke
         c.models.eot.fire = "model"
         await c.tick()
         await c.until(lambda: bool(c.agent.turns) and bool(c.agent.turns[-1].text))
-        assert c.agent.turns[-1].text == "where is my order"  # both pieces, in order
+        assert c.agent.turns[-1].text == "where is my order"  # the whole utterance
         await c.drain()
         assert ("caller", "where is my order") in c.transcript
         assert c.transcript[-1][0] == "agent" and "order number" in c.transcript[-1][1]
@@ -62,12 +63,13 @@ async def test_a_pause_that_was_not_the_end_leaves_no_trace_and_its_words_are_ke
 
 @aio
 async def test_dropping_a_speculation_never_cancels_the_transcription_it_carries() -> None:
-    """A speculation dropped while it still waits for the ASR: the text must reach the
-    continued turn (cancelling it once cost the whole turn its words)."""
+    """A speculation dropped while it still waits for the ASR must not cancel that
+    transcription: its segments are the transcriber's too (cancelling them once cost the
+    whole turn its words)."""
     async with Call() as c:
         slow: Future[str] = Future()  # like IncrementalTranscriber's joined result
         c.models.finish_futures.append(slow)
-        c.models.asr_texts.append("three")
+        c.models.asr_texts.append("one two three")
         c.vad(True, True)
         await c.tick(8, 2000)
         c.vad(False)
