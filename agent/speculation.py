@@ -53,7 +53,7 @@ class Speculation:
         self.text = ""
         self.head: list[ReplyPart] = []  # reply parts up to and including the first Say
         self.rest: AsyncIterator[ReplyPart] | None = None  # the reply's other parts
-        self.first_audio: tuple[str, NDArray[np.int16]] | None = None  # (piece, 22 kHz)
+        self.first_audio: tuple[str, NDArray[np.int16]] | None = None  # (piece, 8 kHz)
         self.asr_done = self.reply_ready = self.tts_first = 0.0
         self._tts = tts
         self._executor = executor

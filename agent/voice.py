@@ -105,7 +105,6 @@ class VoiceAgent(Agent):
         self._out: AgentOutput | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._up = Resampler(RATE, 16000)
-        self._tts_down = Resampler(models.tts.sample_rate, RATE)
         self._vad = models.vad_stream(self._on_vad)
         self._stt = models.transcriber()
         self._eot = models.end_of_turn(self.settings)
@@ -243,7 +242,6 @@ class VoiceAgent(Agent):
             self.engine.played(heard)
         if self._turn is not None:
             self._turn.barged_in = True
-        self._tts_down.reset()
         self._stt.reset()
         self._eot.reset()
         self._busy = False
@@ -265,7 +263,7 @@ class VoiceAgent(Agent):
         texts = [*self._carry, self._stt.snapshot()]  # the utterance goes on meanwhile
         self._carry = []
         self._spec = Speculation(
-            texts, self.engine.fork(), self.models.tts, self.models.executor,
+            texts, self.engine.fork(), self.models, self.models.executor,
             first_words=FIRST_WORDS,
         )  # fmt: skip
 
@@ -289,7 +287,7 @@ class VoiceAgent(Agent):
             texts = [*self._carry, self._stt.finish()]
             self._carry = []
             spec = Speculation(
-                texts, self.engine.fork(), self.models.tts, self.models.executor,
+                texts, self.engine.fork(), self.models, self.models.executor,
                 first_words=FIRST_WORDS,
             )  # fmt: skip
         else:
@@ -381,7 +379,7 @@ class VoiceAgent(Agent):
             if pcm is None:  # a new sentence starts
                 self.playout.begin_sentence(sentence)
                 return
-            audio = self._tts_down.process(pcm)
+            audio = pcm  # 8 kHz already: resampled in the executor
             if timing is not None and not timing.first_write:
                 timing.first_write = time.monotonic()
             self.playout.write(audio)

@@ -34,6 +34,7 @@ from agent.vad import (
 from agent.voice_settings import ModelSettings, VoiceSettings
 from model_runtime.batching import TickBatcher
 from model_runtime.sessions import Device
+from resample import Resampler
 
 __all__ = ["VoiceModels"]
 
@@ -42,6 +43,7 @@ log = logging.getLogger(__name__)
 # A reply's first piece is cut short (at a comma, else after this many words): the caller
 # hears the answer begin after the time to synthesise ~1 s of speech, not a whole sentence.
 FIRST_WORDS = 6
+LINE_RATE = 8000  # what the voice agent hears and says (the bridge's G.711 rate)
 
 
 class VoiceModels:
@@ -74,6 +76,8 @@ class VoiceModels:
     def warm_up(self) -> float:
         """Run each model once so the first caller does not pay for it; returns seconds."""
         t0 = time.monotonic()
+        Resampler(self.tts.sample_rate, LINE_RATE)  # filter designs are cached: made now,
+        Resampler(LINE_RATE, 16000)  # not on the media loop when the first call starts
         self.tts.warm_up()
         self.asr.transcribe(np.zeros(16000, dtype=np.int16))
         self.turn.probability(np.zeros(16000, dtype=np.int16))
@@ -106,14 +110,22 @@ class VoiceModels:
     def speak(
         self, text: str, cancel: threading.Event, *, skip: int = 0
     ) -> Iterator[tuple[str, NDArray[np.int16] | None]]:
-        """Sentence by sentence: (sentence, None) when one starts, then (sentence, audio).
-        Runs in the executor; checks ``cancel`` between sentences; ``skip``: pieces
+        """Sentence by sentence: (sentence, None) when one starts, then (sentence, audio at
+        8 kHz). Runs in the executor, resampling included (seconds of audio at once would
+        stall the media loop); checks ``cancel`` between sentences; ``skip``: pieces
         already spoken (a speculation's first)."""
+        down = Resampler(self.tts.sample_rate, LINE_RATE)
         for sentence in split_sentences(text, first_max_words=FIRST_WORDS)[skip:]:
             if cancel.is_set():
                 return
             yield sentence, None
-            yield sentence, self.tts.synthesize(sentence)
+            yield sentence, down.process(self.tts.synthesize(sentence))
+
+    def synthesize(self, sentence: str) -> NDArray[np.int16]:
+        """One piece at 8 kHz, complete (a reply's first, made ahead of the rest)."""
+        down = Resampler(self.tts.sample_rate, LINE_RATE)
+        pcm = self.tts.synthesize(sentence)
+        return np.concatenate([down.process(pcm), down.flush()])
 
     def _vad_batcher(self) -> TickBatcher[VadRequest, VadResult]:
         """One batcher for every call of this process (made on the bridge's loop)."""

@@ -31,6 +31,7 @@ from agent.voice_models import FIRST_WORDS
 DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
 TTS_RATE = 22050
 WORD = 1764  # TTS samples per word: 80 ms at 22050 Hz, exactly 640 at 8 kHz
+WORD_8K = 640  # what the models hand the agent: 8 kHz, resampled in their executor
 AMP = 8000.0  # TTS tone amplitude
 OUR_RMS = AMP / np.sqrt(2)  # the reply's level on the line (the resampler passes 500 Hz)
 FRAME = 160
@@ -99,7 +100,7 @@ class FakeModels:
             self.holding += 1
             assert self.release.wait(5), "the test never released the TTS"
         self.produced.append(sentence)
-        return _tone(len(sentence.split()) * WORD, 500, TTS_RATE, OUR_RMS)
+        return _tone(len(sentence.split()) * WORD_8K, 500, 8000, OUR_RMS)
 
     def speak(
         self, text: str, cancel: threading.Event, *, skip: int = 0
@@ -115,7 +116,7 @@ class FakeModels:
                     assert self.release.wait(5), "the test never released the TTS"
                     self.cancel_seen.append(cancel.is_set())
                 self.produced.append(sentence)
-                yield sentence, _tone(len(sentence.split()) * WORD, 500, TTS_RATE, OUR_RMS)
+                yield sentence, _tone(len(sentence.split()) * WORD_8K, 500, 8000, OUR_RMS)
         finally:
             self.finished += 1
 
