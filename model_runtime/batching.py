@@ -67,7 +67,7 @@ class TickBatcher(Generic[In, Out]):
         self.max_batch = max_batch
         self._loop = loop
         self._pending: list[tuple[In, Callable[[Out | Exception], None]]] = []
-        self._scheduled = False
+        self._scheduled: asyncio.AbstractEventLoop | None = None  # where a flush waits
         self._failing = False
         self.stats = BatchStats()
 
@@ -84,15 +84,15 @@ class TickBatcher(Generic[In, Out]):
         ``RuntimeError``, unless the caller flushes by hand: see :meth:`flush`).
         """
         self._pending.append((item, done))
-        if not self._scheduled:
-            loop = self._loop or asyncio.get_running_loop()
+        loop = self._loop or asyncio.get_running_loop()
+        if self._scheduled is not loop:  # also when a flush was left on a loop now gone
             loop.call_soon(self.flush)
-            self._scheduled = True
+            self._scheduled = loop
 
     def flush(self) -> None:
         """Run everything pending now, in chunks of ``max_batch``; safe to call any time
         (a scheduled flush that finds nothing pending does nothing)."""
-        self._scheduled = False
+        self._scheduled = None
         # swap first: items submitted by done callbacks wait for their own turn (call_soon)
         pending, self._pending = self._pending, []
         for start in range(0, len(pending), self.max_batch):

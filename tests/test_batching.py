@@ -190,3 +190,28 @@ def test_a_raising_callback_does_not_starve_the_others_or_the_loop() -> None:
 def test_max_batch_must_be_positive() -> None:
     with pytest.raises(ValueError):
         TickBatcher(Doubler(), max_batch=0)
+
+
+def test_a_flush_left_on_a_closed_loop_does_not_stall_the_next_loop() -> None:
+    """Items submitted just before their loop ended must not wedge the batcher: the next
+    loop (a new asyncio.run, a restarted bridge) gets its batches run."""
+    batcher: TickBatcher[int, int] = TickBatcher(lambda xs: [x * 2 for x in xs])
+    got: list[int | Exception] = []
+
+    loop = asyncio.new_event_loop()
+
+    def submit_and_stop() -> None:
+        batcher.submit(1, got.append)  # its flush is scheduled, never runs: the loop ends
+        loop.stop()
+
+    loop.call_soon(submit_and_stop)
+    loop.run_forever()
+    loop.close()
+    assert got == []
+
+    async def next_loop() -> None:
+        batcher.submit(2, got.append)
+        await asyncio.sleep(0)
+
+    asyncio.run(next_loop())
+    assert got == [2, 4]
