@@ -36,7 +36,9 @@ def make_agent(config: BridgeConfig) -> Agent:
     """The configured agent for a new call."""
     a = config.agent
     if a.name == "echo":
-        return EchoAgent(delay_s=a.echo_delay_s)
+        # at the line rate: an echo needs no resampling (and a line check hears the line
+        # bit-exact, G.711 in and out); 24 kHz models resample in the media chain
+        return EchoAgent(delay_s=a.echo_delay_s, sample_rate=8000)
     if a.name == "tone":
         return ToneAgent(freq_hz=a.tone_freq_hz, level_dbfs=a.tone_level_dbfs)
     if a.name == "playback":
