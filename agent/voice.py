@@ -128,7 +128,8 @@ class VoiceAgent(Agent):
         self._quiet = 0  # ticks since the caller's last speech
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
-        self._ref: deque[float] = deque([0.0], maxlen=round(ECHO_S / TICK_S))  # our levels
+        self._ref: deque[float] = deque([0.0], maxlen=round(ECHO_S / TICK_S))
+        self._heard: deque[float] = deque([0.0], maxlen=round(ECHO_S / TICK_S))
         self._preroll: deque[tuple[NDArray[np.int16], bool]] = deque(maxlen=preroll)
 
     # -- Agent interface -------------------------------------------------------------------
@@ -148,7 +149,9 @@ class VoiceAgent(Agent):
             if closing:
                 self._interrupt_with(closing)
         now = time.monotonic()
-        self._ref.append(self.playout.advance(pcm.size))
+        rms = self.playout.advance(pcm.size)
+        self._ref.append(rms * rms)  # our frame energies, and the caller's:
+        self._heard.append(float(np.mean(pcm.astype(np.float64) ** 2)))
         if self._drained is not None and not self.playout.playing:
             self._drained.set()
         self._vad.push(pcm)
@@ -162,7 +165,7 @@ class VoiceAgent(Agent):
         pcm16 = self._up.process(pcm)
         if self._busy:
             self._preroll.append((pcm16, self._user_speaking))
-            if not self._should_barge_in(pcm):
+            if not self._should_barge_in():
                 return
             self._barge_in()
             for old, speaking in self._preroll:  # the caller's first words belong to the turn
@@ -222,14 +225,17 @@ class VoiceAgent(Agent):
         elif confirmed is False:
             self._confirmed = False
 
-    def _should_barge_in(self, pcm: NDArray[np.int16]) -> bool:
-        """Speech for barge_in_ms, and louder than any echo of what we sent in the last
-        ECHO_S could be (the echo comes back a round trip later, attenuated)."""
+    def _should_barge_in(self) -> bool:
+        """Speech for barge_in_ms, louder on average than the echo of what we sent in the
+        last ECHO_S could be (it comes back a round trip later, at least echo_margin_db
+        down). Averages, not single frames: speech and our voice both come and go."""
         s = self.settings
-        if not s.barge_in or self._run * TICK_S * 1000 < s.barge_in_ms:
+        run = -(-s.barge_in_ms // FRAME_MS)  # whole ticks, rounded up
+        if not s.barge_in or self._run < run:
             return False
-        level = float(np.sqrt(np.mean(pcm.astype(np.float64) ** 2)))
-        return level > max(self._ref) * 10 ** (-s.echo_margin_db / 20)
+        caller = list(self._heard)[-max(run, 1) :]
+        ours = sum(self._ref) / len(self._ref)
+        return sum(caller) / len(caller) > ours * 10 ** (-s.echo_margin_db / 10)
 
     def _barge_in(self) -> None:
         """The caller talks over us: stop the reply where it is, on the wire too."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -79,6 +80,10 @@ async def _serve(args: argparse.Namespace) -> int:
     )
     server = BridgeServer(config, control=True)
     await server.start()
+    # Everything loaded so far (models, tables) lives as long as the process: keep it out
+    # of the garbage collector's scans, whose pauses would stall every call's media.
+    gc.collect()
+    gc.freeze()
     transports = "+".join(config.sip.transports)
     print(f"sip-bridge {__version__} listening on {transports} {config.sip.listen}", flush=True)
     print(f"dial {server.uri} (agent: {config.agent.name}); Ctrl-C to stop", flush=True)

@@ -20,7 +20,10 @@ async def test_a_reply_prepared_in_the_pause_goes_out_the_tick_the_turn_ends() -
         await c.tick(8, 2000)
         c.vad(False, False)
         await c.tick(4)  # 80 ms of pause: past the 60 ms that starts the speculation
-        await c.until(lambda: first in c.models.produced, "the first piece, made in the pause")
+        spec = c.agent._spec
+        assert spec is not None
+        await c.until(lambda: spec.task.done(), "the reply, prepared in the pause")
+        assert spec.first_audio is not None and spec.first_audio[0] == first
         assert c.out.writes == [] or c.out.writes[-1][0] < c.out.tick - 4  # nothing said yet
         n = len(c.out.writes)
         assert c.agent.engine is not None and c.agent.engine.turns == 0  # only the fork knows
