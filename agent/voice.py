@@ -128,8 +128,11 @@ class VoiceAgent(Agent):
         self._quiet = 0  # ticks since the caller's last speech
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
-        self._ref: deque[float] = deque([0.0], maxlen=round(ECHO_S / TICK_S))
-        self._heard: deque[float] = deque([0.0], maxlen=round(ECHO_S / TICK_S))
+        # frame energies: ours (long enough for a barge-in window at any echo lag), and the
+        # caller's (one barge-in window)
+        run = max(1, -(-self.settings.barge_in_ms // FRAME_MS))
+        self._ref: deque[float] = deque([0.0], maxlen=run + round(ECHO_S / TICK_S))
+        self._heard: deque[float] = deque([0.0], maxlen=run)
         self._preroll: deque[tuple[NDArray[np.int16], bool]] = deque(maxlen=preroll)
 
     # -- Agent interface -------------------------------------------------------------------
@@ -226,16 +229,21 @@ class VoiceAgent(Agent):
             self._confirmed = False
 
     def _should_barge_in(self) -> bool:
-        """Speech for barge_in_ms, louder on average than the echo of what we sent in the
-        last ECHO_S could be (it comes back a round trip later, at least echo_margin_db
-        down). Averages, not single frames: speech and our voice both come and go."""
+        """Speech for barge_in_ms, louder on average than an echo of our voice could be.
+
+        An echo is our voice of a round trip ago (up to ECHO_S), at least echo_margin_db
+        down: so the caller's mean energy over the last barge_in_ms must beat that margin
+        under our loudest mean over a window as long, at any lag up to ECHO_S. Means, not
+        single frames: speech and our voice both come and go."""
         s = self.settings
-        run = -(-s.barge_in_ms // FRAME_MS)  # whole ticks, rounded up
+        run = max(1, -(-s.barge_in_ms // FRAME_MS))  # whole ticks, rounded up
         if not s.barge_in or self._run < run:
             return False
-        caller = list(self._heard)[-max(run, 1) :]
-        ours = sum(self._ref) / len(self._ref)
-        return sum(caller) / len(caller) > ours * 10 ** (-s.echo_margin_db / 10)
+        heard = list(self._heard)[-run:]
+        ours = np.asarray(self._ref)
+        sums = np.convolve(ours, np.ones(min(run, ours.size)), mode="valid")
+        loudest = float(sums.max()) / min(run, ours.size)
+        return sum(heard) / len(heard) > loudest * 10 ** (-s.echo_margin_db / 10)
 
     def _barge_in(self) -> None:
         """The caller talks over us: stop the reply where it is, on the wire too."""

@@ -53,9 +53,12 @@ def config() -> BridgeConfig:
     return cfg
 
 
-def transcribe(config: BridgeConfig, pcm8k: NDArray[np.int16]) -> str:
+async def transcribe(config: BridgeConfig, pcm8k: NDArray[np.int16]) -> str:
+    """What a listener hears in ``pcm8k``, by our ASR, in a thread: the bridge under test
+    shares this event loop, and a second of blocking it would garble the call."""
     models, _ = prepare_agents(config)
-    return models.asr.transcribe(Resampler(8000, 16000).process(pcm8k)).lower()
+    pcm16k = Resampler(8000, 16000).process(pcm8k)
+    return (await asyncio.to_thread(models.asr.transcribe, pcm16k)).lower()
 
 
 class Conversation:
@@ -136,12 +139,12 @@ def test_caller_asks_the_opening_hours_and_hears_them(config: BridgeConfig, code
     async def script(conv: Conversation) -> tuple[str, str, list[str]]:
         await conv.wait_speech(0.0)  # the greeting
         await conv.wait_quiet()
-        greeting = transcribe(config, conv.heard_since_mark())
+        greeting = await transcribe(config, conv.heard_since_mark())
         end = await conv.ask(question)
         await conv.wait_speech(end)
         await conv.wait_quiet()
         heard = [t.text for t in conv.agent.turns]
-        return greeting, transcribe(config, conv.heard_since_mark()), heard
+        return greeting, await transcribe(config, conv.heard_since_mark()), heard
 
     greeting, answer, heard = asyncio.run(_call(config, codec, script))
     assert "acme" in greeting and "support" in greeting, greeting
@@ -159,7 +162,7 @@ def test_order_status_over_two_turns_with_a_spoken_order_number(config: BridgeCo
             end = await conv.ask(espeak(q))
             await conv.wait_speech(end)
             await conv.wait_quiet()
-            replies.append(transcribe(config, conv.heard_since_mark()))
+            replies.append(await transcribe(config, conv.heard_since_mark()))
         return replies
 
     prompt, status = asyncio.run(_call(config, "PCMU", script))
@@ -189,7 +192,7 @@ def test_barge_in_stops_the_greeting_on_the_wire_and_the_question_is_answered(
         assert not gap, "the greeting went on after the barge-in"
         await conv.wait_speech(stopped + 0.5)
         await conv.wait_quiet()
-        after = transcribe(config, conv.heard_since_mark())
+        after = await transcribe(config, conv.heard_since_mark())
         return onset, stopped, after, conv.agent.settings.barge_in_ms
 
     onset, stopped, after, barge_in_ms = asyncio.run(_call(config, "PCMU", script))
@@ -210,7 +213,7 @@ def test_line_echo_of_the_reply_does_not_interrupt_it(config: BridgeConfig) -> N
         end = await conv.ask(question)
         await conv.wait_speech(end)
         await conv.wait_quiet()
-        heard = transcribe(config, conv.heard_since_mark())
+        heard = await transcribe(config, conv.heard_since_mark())
         return heard, len(conv.agent.turns), conv.agent.barge_ins
 
     answer, turns, barge_ins = asyncio.run(_call(config, "PCMU", script, echo_db=10.0))
