@@ -68,11 +68,11 @@ class _Sink:
         self.count += 1
 
 
-_SPENT: dict[str, float] = {}
+SPENT: dict[str, float] = {}
 
 
-def _timed(owner: Any, name: str, label: str) -> None:
-    """Wrap owner.name so its thread CPU time adds up in _SPENT[label]."""
+def timed(owner: Any, name: str, label: str) -> None:
+    """Wrap owner.name so its thread CPU time adds up in SPENT[label]."""
     fn = getattr(owner, name)
 
     def wrapper(*a: Any, **k: Any) -> Any:
@@ -80,7 +80,7 @@ def _timed(owner: Any, name: str, label: str) -> None:
         try:
             return fn(*a, **k)
         finally:
-            _SPENT[label] = _SPENT.get(label, 0.0) + time.thread_time() - t0
+            SPENT[label] = SPENT.get(label, 0.0) + time.thread_time() - t0
 
     setattr(owner, name, wrapper)
 
@@ -88,11 +88,11 @@ def _timed(owner: Any, name: str, label: str) -> None:
 def _instrument() -> None:
     from sip_bridge import media_clock as mc
 
-    _timed(mc, "_send", "send (all)")
-    _timed(mc, "_drain_writes", "send: downsample")
-    _timed(mc, "_send_batch", "send: encode+sendto")
-    _timed(mc, "_receive", "receive: pop+upsample+agent")
-    _timed(mc, "process_many", "resample batches (up+down)")
+    timed(mc, "_send", "send (all)")
+    timed(mc, "_drain_writes", "send: downsample")
+    timed(mc, "_send_batch", "send: encode+sendto")
+    timed(mc, "_receive", "receive: pop+upsample+agent")
+    timed(mc, "process_many", "resample batches (up+down)")
 
 
 def _round(calls: int, seconds: float, warm_s: float, prof: cProfile.Profile | None) -> float:
@@ -152,8 +152,8 @@ def _round(calls: int, seconds: float, warm_s: float, prof: cProfile.Profile | N
         if timed:
             done = tt()
             spent += done - a
-            _SPENT["datagrams in (parse, jitter push, RTCP stats)"] = (
-                _SPENT.get("datagrams in (parse, jitter push, RTCP stats)", 0.0) + b - a
+            SPENT["datagrams in (parse, jitter push, RTCP stats)"] = (
+                SPENT.get("datagrams in (parse, jitter push, RTCP stats)", 0.0) + b - a
             )
             if prof is not None:
                 prof.disable()
@@ -180,10 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     prof = cProfile.Profile() if args.profile else None
     us = []
     for _ in range(args.rounds):
-        _SPENT.clear()
+        SPENT.clear()
         us.append(_round(args.calls, args.seconds, args.warm, prof))
     frames = args.calls * args.seconds / 0.02
-    breakdown = {k: round(1e6 * v / frames, 1) for k, v in sorted(_SPENT.items())}
+    breakdown = {k: round(1e6 * v / frames, 1) for k, v in sorted(SPENT.items())}
     print(
         json.dumps(
             {

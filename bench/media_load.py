@@ -40,6 +40,9 @@ from sip_bridge.media import CallMedia, MediaParams  # noqa: E402
 from sip_bridge.media_io import RtpProtocol  # noqa: E402
 from sip_bridge.rtp_ports import RtpPortPool  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from media_cpu import SPENT, timed  # noqa: E402  (one CPU-time wrapper for both benches)
+
 
 def _peer(ports: list[int], port_q: Any, stop: Any) -> None:
     """Stream to every port on a 20 ms grid (with a little jitter) and drain replies."""
@@ -73,23 +76,6 @@ def _peer(ports: list[int], port_q: Any, stop: Any) -> None:
         k += 1
 
 
-_SPENT: dict[str, float] = {}
-
-
-def _timed(owner: Any, name: str, label: str) -> None:
-    """Wrap owner.name so its thread CPU time adds up in _SPENT[label] (nesting included)."""
-    fn = getattr(owner, name)
-
-    def wrapper(*a: Any, **k: Any) -> Any:
-        t0 = time.thread_time()
-        try:
-            return fn(*a, **k)
-        finally:
-            _SPENT[label] = _SPENT.get(label, 0.0) + time.thread_time() - t0
-
-    setattr(owner, name, wrapper)
-
-
 _COUNTS: dict[str, int] = {}
 
 
@@ -113,12 +99,12 @@ def _instrument() -> None:
     _counted(mc, "process_many", "process_many", rows=True)
     _counted(Cm, "_drain_one", "drain_one (unbatched downsample)")
 
-    _timed(mc, "_send", "send (all)")
-    _timed(mc, "_drain_writes", "send: downsample")
-    _timed(mc, "_send_batch", "send: encode+sendto")
-    _timed(mc.MediaClock, "_read_ready", "read: recv+parse+push")
-    _timed(mc, "_receive", "receive: pop+upsample+agent")
-    _timed(mc.MediaClock, "_tick", "tick (all)")
+    timed(mc, "_send", "send (all)")
+    timed(mc, "_drain_writes", "send: downsample")
+    timed(mc, "_send_batch", "send: encode+sendto")
+    timed(mc.MediaClock, "_read_ready", "read: recv+parse+push")
+    timed(mc, "_receive", "receive: pop+upsample+agent")
+    timed(mc.MediaClock, "_tick", "tick (all)")
 
 
 async def _run(calls: int, seconds: float, profile: bool, warm_s: float) -> dict[str, Any]:
@@ -141,7 +127,7 @@ async def _run(calls: int, seconds: float, profile: bool, warm_s: float) -> dict
             medias.append(m)
         await asyncio.sleep(warm_s)
         prof = cProfile.Profile() if profile else None
-        _SPENT.clear()
+        SPENT.clear()
         _COUNTS.clear()
         c0, w0 = time.process_time(), time.monotonic()
         t0 = time.thread_time()
@@ -176,9 +162,9 @@ async def _run(calls: int, seconds: float, profile: bool, warm_s: float) -> dict
         "jb_late": sum(s.jitter.late for s in stats),
         "load_avg": os.getloadavg()[0],
     }
-    if _SPENT:
+    if SPENT:
         out["breakdown_us_per_call_per_20ms"] = {
-            k: round(1e6 * v / frames, 1) for k, v in sorted(_SPENT.items())
+            k: round(1e6 * v / frames, 1) for k, v in sorted(SPENT.items())
         }
     if _COUNTS:
         out["counts"] = dict(_COUNTS)
