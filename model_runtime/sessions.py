@@ -20,6 +20,8 @@ from typing import Literal, get_args
 import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from model_runtime.store import ModelError
+
 __all__ = [
     "CPU",
     "CUDA",
@@ -53,8 +55,9 @@ _registry: dict[str, str] = {}  # model name -> provider actually used
 _logged: set[tuple[str, str, int]] = set()
 
 
-class ModelRuntimeError(RuntimeError):
-    """A model cannot run as configured (missing file, no CUDA provider, CPU fallback)."""
+class ModelRuntimeError(ModelError, RuntimeError):
+    """A model cannot run as configured (missing file, no CUDA provider, CPU fallback);
+    a ModelError, so the command line reports it in one line like the store's."""
 
 
 def select_providers(device: Device, available: Sequence[str] | None = None) -> list[str]:

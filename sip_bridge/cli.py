@@ -152,9 +152,14 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("sip_bridge.registration").setLevel(logging.INFO)  # always worth a line
+    from agent.profile import ProfileError
+    from model_runtime.store import ModelError
+
     try:
         return asyncio.run(_serve(args))
-    except (ConfigError, TransportError) as exc:
+    except (ConfigError, TransportError, ProfileError, ModelError) as exc:
+        # a bad file, a busy port, a broken agent profile, a missing or corrupt model: one
+        # line that says what and where (and, for a model, the command that fixes it)
         print(f"sip-bridge: {exc}", file=sys.stderr)
         return 2
 

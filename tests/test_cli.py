@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import socket
@@ -83,3 +84,32 @@ def test_config_and_port_errors_exit_2_with_the_reason(tmp_path: Path) -> None:
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 2
     assert f"127.0.0.1:{port}/udp is already in use" in err
+
+
+def test_missing_models_and_broken_profiles_exit_2_in_one_line(tmp_path: Path) -> None:
+    """The voice agent will not start without its models or with a broken profile: one
+    line naming what is wrong and how to fix it, no traceback, nothing listening."""
+    env = {**os.environ, "SIP_BRIDGE_MODELS": str(tmp_path / "empty-store")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "sip_bridge.cli", "run", "--config", "config/bridge.toml",
+         "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "is missing: run `sip-bridge models fetch" in line, line
+    profile = tmp_path / "agent.toml"
+    profile.write_text(
+        '[agent]\nname = "x"\ngreeting = "Hi {nobody}"\n'
+        '[intents.hi]\nkeywords = ["hi"]\nreply = "Hello."\n'
+    )
+    cfg = tmp_path / "bridge.toml"
+    cfg.write_text(f'[agent]\nname = "voice"\n[agent.voice]\nprofile = "{profile}"\n')
+    proc = subprocess.run(
+        [sys.executable, "-m", "sip_bridge.cli", "run", "--config", str(cfg),
+         "--listen", "127.0.0.1:0"],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert f"{profile}:3: agent.greeting" in line and "nobody" in line, line
