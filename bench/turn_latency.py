@@ -29,7 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared test peers
-from wire_caller import SPEECH_DBFS, WireCaller, espeak
+from wire_caller import WireCaller, espeak
 
 from agent.voice import TurnTiming, VoiceAgent
 from sip_bridge.agents import make_agent
@@ -52,32 +52,6 @@ def _pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
-async def _wait_reply(c: WireCaller, since: float, timeout_s: float) -> float | None:
-    """Arrival time of the first reply packet with speech after ``since``."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout_s
-    seen = 0
-    while loop.time() < end:
-        rx = c.log.received
-        for t, db in rx[seen:]:
-            if t > since and db > SPEECH_DBFS:
-                return t
-        seen = len(rx)
-        await asyncio.sleep(0.005)
-    return None
-
-
-async def _wait_quiet(c: WireCaller, quiet_s: float, cap_s: float) -> None:
-    """Until the bridge has sent no speech for ``quiet_s`` (its reply is over)."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + cap_s
-    while loop.time() < end:
-        last = max((t for t, db in c.log.received[-200:] if db > SPEECH_DBFS), default=0.0)
-        if loop.time() - last >= quiet_s:
-            return
-        await asyncio.sleep(0.05)
-
-
 async def _one_caller(
     uri: str, dest: tuple[str, int], codec: str, turns: int, audio: list[NDArray[np.int16]]
 ) -> list[dict[str, float | None]]:
@@ -85,17 +59,13 @@ async def _one_caller(
     await c.connect(dest)
     rows: list[dict[str, float | None]] = []
     try:
-        await _wait_reply(c, 0.0, 10.0)  # the greeting
-        await _wait_quiet(c, 1.0, 20.0)
+        await c.wait_speech(0.0, 10.0)  # the greeting
+        await c.wait_quiet(1.0, 20.0)
         for i in range(turns):
-            c.say(audio[i % len(audio)])
-            while c.speaking:
-                await asyncio.sleep(0.01)
-            await asyncio.sleep(0.05)
-            t_end = max(t for t, db in c.log.sent if db > SPEECH_DBFS)
-            t_reply = await _wait_reply(c, t_end, 8.0)
+            t_end = await c.say_all(audio[i % len(audio)])
+            t_reply = await c.wait_speech(t_end, 8.0)
             rows.append({"speech_end": t_end, "reply_start": t_reply})
-            await _wait_quiet(c, 0.8, 20.0)
+            await c.wait_quiet(0.8, 20.0)
             await asyncio.sleep(0.3)
     finally:
         await c.hangup()

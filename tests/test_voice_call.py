@@ -71,26 +71,15 @@ class Conversation:
 
     async def wait_speech(self, since: float, timeout_s: float = 15.0) -> float:
         """Arrival time of the first received speech packet after ``since``."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + timeout_s
-        while loop.time() < end:
-            for t, db in self.caller.log.received:
-                if t > since and db > SPEECH_DBFS:
-                    return t
-            await asyncio.sleep(0.01)
-        raise AssertionError(f"no speech from the bridge within {timeout_s} s")
+        t = await self.caller.wait_speech(since, timeout_s)
+        assert t is not None, f"no speech from the bridge within {timeout_s} s"
+        return t
 
     async def wait_quiet(self, quiet_s: float = 1.2, cap_s: float = 30.0) -> float:
         """Until the bridge has sent no speech for ``quiet_s``; returns its last speech."""
-        loop = asyncio.get_running_loop()
-        end = loop.time() + cap_s
-        while loop.time() < end:
-            rx = self.caller.log.received
-            last = max((t for t, db in rx if db > SPEECH_DBFS), default=0.0)
-            if last and loop.time() - last >= quiet_s:
-                return last
-            await asyncio.sleep(0.05)
-        raise AssertionError(f"the bridge kept talking for {cap_s} s")
+        last = await self.caller.wait_quiet(quiet_s, cap_s)
+        assert last is not None, f"the bridge kept talking for {cap_s} s"
+        return last
 
     def heard_since_mark(self) -> NDArray[np.int16]:
         heard = self.caller.log.heard[self._mark :]
@@ -100,11 +89,7 @@ class Conversation:
     async def ask(self, pcm8k: NDArray[np.int16]) -> float:
         """Say it; returns the send time of its last packet with speech."""
         self.heard_since_mark()
-        self.caller.say(pcm8k)
-        while self.caller.speaking:
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.05)
-        return max(t for t, db in self.caller.log.sent if db > SPEECH_DBFS)
+        return await self.caller.say_all(pcm8k)
 
 
 async def _call(config: BridgeConfig, codec: str, script, **caller_opts):  # type: ignore[no-untyped-def]

@@ -113,6 +113,43 @@ class WireCaller:
         a = np.concatenate([pcm8k, np.zeros(pad, np.int16)])
         self._queue.extend(a.reshape(-1, FRAME))
 
+    async def say_all(self, pcm8k: NDArray[np.int16]) -> float:
+        """Say it and wait until it is all sent; the send time of its last packet with
+        speech (loop time): "the end of the caller's speech" on the wire."""
+        self.say(pcm8k)
+        while self.speaking:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # its last packet has left
+        return max(t for t, db in self.log.sent if db > SPEECH_DBFS)
+
+    async def wait_speech(self, since: float, timeout_s: float) -> float | None:
+        """Arrival time of the first received packet with speech after ``since`` (loop
+        time), or None if none came within ``timeout_s``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        seen = 0
+        while True:
+            rx = self.log.received
+            for t, db in rx[seen:]:
+                if t > since and db > SPEECH_DBFS:
+                    return t
+            seen = len(rx)
+            if loop.time() >= end:
+                return None
+            await asyncio.sleep(0.005)
+
+    async def wait_quiet(self, quiet_s: float, cap_s: float) -> float | None:
+        """Until the far end has sent no speech for ``quiet_s`` (after having sent some):
+        the arrival of its last speech packet, or None if it was still talking at ``cap_s``."""
+        loop = asyncio.get_running_loop()
+        end = loop.time() + cap_s
+        while loop.time() < end:
+            last = max((t for t, db in self.log.received if db > SPEECH_DBFS), default=0.0)
+            if last and loop.time() - last >= quiet_s:
+                return last
+            await asyncio.sleep(0.05)
+        return None
+
     async def connect(self, dest: tuple[str, int], timeout_s: float = 30.0) -> None:
         loop = asyncio.get_running_loop()
         self._rtp, _ = await loop.create_datagram_endpoint(
