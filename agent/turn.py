@@ -197,11 +197,10 @@ class EndOfTurn:
         if not self._in_turn:
             return None
         silence = self.clock - self._speech_end
-        ready = self.executor is not None and self.turn is not None and not self._scored
-        if ready and silence >= self.early:  # ask now; the answer is used from stop_s on
-            assert self.executor is not None and self.turn is not None
-            self._scored = True
-            self._pending = self.executor.submit(self.turn.probability, self._turn_audio())
+        ex, model = self.executor, self.turn
+        if ex is not None and model is not None and not self._scored and silence >= self.early:
+            self._scored = True  # asked now; the answer counts from stop_s on
+            self._pending = ex.submit(model.probability, self._turn_audio())
         if silence < self.stop:
             return None
         if self.turn is not None and not self._scored:

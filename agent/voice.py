@@ -272,14 +272,17 @@ class VoiceAgent(Agent):
 
     def _speculate(self) -> None:
         """A short pause: start answering now, adopt it if the turn really ended."""
-        if not self.settings.speculate or self.engine is None:
-            return
-        texts = [*self._carry, self._stt.snapshot()]  # the utterance goes on meanwhile
-        self._carry = []
-        self._spec = Speculation(
-            texts, self.engine.fork(), self.models, self.models.executor,
-            first_words=FIRST_WORDS,
-        )  # fmt: skip
+        if self.settings.speculate and self.engine is not None:
+            self._spec = self._prepare(self._stt.snapshot())  # the utterance goes on meanwhile
+
+    def _prepare(self, text: Future[str]) -> Speculation:
+        """Answer the turn whose last words ``text`` will give (after any carried ones), on
+        a fork of the engine."""
+        assert self.engine is not None  # start() made it
+        texts, self._carry = [*self._carry, text], []
+        return Speculation(
+            texts, self.engine.fork(), self.models, self.models.executor, first_words=FIRST_WORDS
+        )
 
     def _drop_speculation(self) -> None:
         """The caller went on: the utterance, still open in the transcriber, goes on too
@@ -297,13 +300,7 @@ class VoiceAgent(Agent):
         self._eot.reset()
         spec, self._spec = self._spec, None
         if spec is None:
-            assert self.engine is not None  # start() made it
-            texts = [*self._carry, self._stt.finish()]
-            self._carry = []
-            spec = Speculation(
-                texts, self.engine.fork(), self.models, self.models.executor,
-                first_words=FIRST_WORDS,
-            )  # fmt: skip
+            spec = self._prepare(self._stt.finish())
         else:
             timing.speculative = True
             self._stt.forget()  # its snapshot has the whole utterance
