@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from model_runtime.sessions import Device
     from model_runtime.speech_to_speech import SpeechToSpeechModel
 
-__all__ = ["make_agent", "prepare_agents"]
+__all__ = ["load_agent_models", "make_agent", "prepare_agents"]
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ def _speech_model(config: BridgeConfig) -> tuple[SpeechToSpeechModel, FrameBatch
     serves every call (the batcher is made on the bridge's loop, at the first call)."""
     from model_runtime.batching import TickBatcher
     from model_runtime.speech_to_speech import SpeechModelSpec, SpeechToSpeechModel
+    from model_runtime.store import ModelError
 
     sm = config.agent.speech_model
     assert sm is not None  # the config checks it
@@ -74,10 +75,25 @@ def _speech_model(config: BridgeConfig) -> tuple[SpeechToSpeechModel, FrameBatch
                 Path(sm.path), sm.input, sm.output, sm.sample_rate, sm.frame_samples,
                 sm.state, sm.batch,
             )  # fmt: skip
-            model = SpeechToSpeechModel(spec, threads=m.threads, device=cast("Device", m.device))
+            try:
+                model = SpeechToSpeechModel(
+                    spec, threads=m.threads, device=cast("Device", m.device)
+                )
+            except (ValueError, FileNotFoundError) as exc:  # names or shapes that do not fit
+                raise ModelError(f"agent.speech_model: {exc}") from None
             batcher = TickBatcher(model.run_batch) if sm.batch else None
             entry = _speech[sm] = (model, batcher)
     return entry
+
+
+def load_agent_models(config: BridgeConfig) -> None:
+    """Before the bridge listens: load (and warm) what the configured agent runs on, so a
+    missing model or a model that does not fit its declaration stops the start in one line,
+    and the first caller does not wait. Blocking: seconds on a cold start."""
+    if config.agent.name == "voice":
+        prepare_agents(config)
+    elif config.agent.name == "speech_model":
+        _speech_model(config)
 
 
 def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:

@@ -26,7 +26,7 @@ from agent.base import (
 )
 from sip_bridge import __version__
 from sip_bridge.admission import InboundPolicy
-from sip_bridge.agents import make_agent, prepare_agents
+from sip_bridge.agents import load_agent_models, make_agent
 from sip_bridge.config import BridgeConfig
 from sip_bridge.control import ControlServer
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
@@ -106,9 +106,8 @@ class BridgeServer:
 
     async def start(self) -> None:
         sip = self.config.sip
-        if self.config.agent.name == "voice" and self.agent_factory is make_agent:
-            # models load and warm up before we listen: the first caller must not wait
-            await asyncio.get_running_loop().run_in_executor(None, prepare_agents, self.config)
+        if self.agent_factory is make_agent:  # models load before we listen
+            await asyncio.get_running_loop().run_in_executor(None, load_agent_models, self.config)
         await self.transport.start(sip.listen_host, sip.listen_port, sip.transports)
         assert self.transport.local is not None
         if sip.tls.enabled:

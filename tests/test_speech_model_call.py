@@ -8,6 +8,8 @@ tone back 6 dB down, with one model run per tick serving all of them.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -90,3 +92,22 @@ def test_a_speech_model_config_names_what_is_wrong(tmp_path: Path) -> None:
         assert ":2: agent.speech_model.path: no such file" in str(exc), str(exc)
     else:
         raise AssertionError("accepted a missing model file")
+
+
+def test_a_model_that_does_not_fit_its_declaration_stops_the_start_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Checked before the bridge listens, not at the first call: the line names the key
+    and the names the model really has."""
+    model = delay_model(tmp_path / "delay.onnx")
+    cfg = _config(tmp_path, model)
+    cfg.write_text(cfg.read_text().replace('input = "audio"', 'input = "mic"'))
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-m", "sip_bridge.cli", "run", "--config", str(cfg)],
+        capture_output=True, text=True, cwd=root, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("sip-bridge: agent.speech_model:") and "mic" in line, line
+    assert "audio" in line, line  # what the model does take
