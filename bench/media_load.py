@@ -38,6 +38,7 @@ from agent.echo import EchoAgent  # noqa: E402
 from resample.g711 import ulaw_encode  # noqa: E402
 from sip_bridge.media import CallMedia, MediaParams  # noqa: E402
 from sip_bridge.media_io import RtpProtocol  # noqa: E402
+from sip_bridge.native import check as native_check  # noqa: E402
 from sip_bridge.rtp_ports import RtpPortPool  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -122,7 +123,7 @@ async def _run(calls: int, seconds: float, profile: bool, warm_s: float) -> dict
     try:
         params = MediaParams("127.0.0.1", peer_port)
         for lease in leases:
-            m = CallMedia(EchoAgent(delay_s=0.5), pool, params, lease=lease)
+            m = CallMedia(EchoAgent(delay_s=0.5, sample_rate=8000), pool, params, lease=lease)
             await m.start()
             medias.append(m)
         await asyncio.sleep(warm_s)
@@ -149,6 +150,7 @@ async def _run(calls: int, seconds: float, profile: bool, warm_s: float) -> dict
     p99 = float(np.percentile([s.pacing_jitter_p99_ms for s in stats], 99))
     out: dict[str, Any] = {
         "bench": "media_load",
+        "media_path": native_check().mode,
         "calls": calls,
         "window_s": round(wall, 2),
         "cpu_pct": round(100 * cpu / wall, 1),

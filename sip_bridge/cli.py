@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -73,22 +72,20 @@ async def run_call(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from sip_bridge.server import BridgeServer
+    from sip_bridge.server import BridgeServer, settle_heap
 
     config = load_config(args.config).with_overrides(
         listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports, max_calls=args.max_calls
     )
     server = BridgeServer(config, control=True)
     await server.start()
-    # Everything loaded so far (models, tables) lives as long as the process: keep it out
-    # of the garbage collector's scans, whose pauses would stall every call's media.
-    gc.collect()
-    gc.freeze()
+    settle_heap()
     transports = "+".join(config.sip.transports)
     print(f"sip-bridge {__version__} listening on {transports} {config.sip.listen}", flush=True)
     print(f"dial {server.uri} (agent: {config.agent.name}); Ctrl-C to stop", flush=True)
     sock = config.control.socket_path(server.port)
     print(f"status: sip-bridge status --socket {sock}", flush=True)
+    print(f"media path: {server.media_path}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -154,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("sip_bridge.registration").setLevel(logging.INFO)  # always worth a line
     from agent.profile import ProfileError
     from model_runtime.store import ModelError
+    from sip_bridge.native import NativeBuildError
 
     try:
         return asyncio.run(_serve(args))
-    except (ConfigError, TransportError, ProfileError, ModelError) as exc:
-        # a bad file, a busy port, a broken agent profile, a missing or corrupt model: one
-        # line that says what and where (and, for a model, the command that fixes it)
+    except (ConfigError, TransportError, ProfileError, ModelError, NativeBuildError) as exc:
+        # a bad file, a busy port, a broken agent profile, a missing or corrupt model, a
+        # stale compiled media path: one line that says what and where (and the fix)
         print(f"sip-bridge: {exc}", file=sys.stderr)
         return 2
 

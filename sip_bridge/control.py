@@ -105,7 +105,8 @@ def format_status(st: dict[str, Any]) -> str:
     """The human view of a status answer."""
     lines = [
         f"sip-bridge {st.get('version', '?')}  up {st.get('uptime_s', 0):.0f} s  "
-        f"listening {st.get('listen', '?')}  agent {st.get('agent', '?')}",
+        f"listening {st.get('listen', '?')}  agent {st.get('agent', '?')}  "
+        f"media path {st.get('media_path', '?')}",
         "calls: {active} active / {max_calls} max; offered {offered}, answered {established}, "
         "ended {ended}".format(**{**st.get("counters", {}), **st.get("limits", {})}),
     ]

@@ -37,6 +37,7 @@ from sip_bridge.media_clock import TICK_S, MediaClock, media_clock
 from sip_bridge.media_io import (
     AudioRtpSender,
     MediaOutput,
+    MediaSocket,
     PolledSocket,
     RtpLease,
     RtpProtocol,
@@ -124,7 +125,7 @@ class CallMedia:
         if lease is not None:
             lease.protocol.media = self
         self._clock: MediaClock | None = None  # from start() to close()
-        self._sock: PolledSocket | None = None  # the RTP socket, read by the clock
+        self._sock: MediaSocket | None = None  # the RTP socket, read by the clock
         self._frame_s = params.ptime_ms / 1000.0
         self._rx_t = 0.0  # when the jitter buffer is next popped (see next_tick)
         self._agent_step = rate * params.ptime_ms // 1000  # agent samples per frame
@@ -143,7 +144,9 @@ class CallMedia:
 
     # -- description and stats --------------------------------------------------------------
 
-    describe = describe_chain  # the chain as one line, built from the configured stages
+    def describe(self) -> str:
+        """The chain as one line, built from the configured stages."""
+        return describe_chain(self)
 
     @property
     def local_port(self) -> int:

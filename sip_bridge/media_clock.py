@@ -112,8 +112,8 @@ class MediaClock:
         ticks) the nearest grid point, at most half a tick off the first frame."""
         if self._handle is None:
             return t
-        k = (t - self._origin) / self.tick_s
-        k = math.floor(k + _EPS) + 1 if self.receiving and not burst else round(k)
+        x = (t - self._origin) / self.tick_s
+        k = math.floor(x + _EPS) + 1 if self.receiving and not burst else round(x)
         return self._origin + k * self.tick_s
 
     # -- membership -------------------------------------------------------------------------
@@ -126,7 +126,7 @@ class MediaClock:
             self._handle = self.loop.call_at(self._origin, self._tick)
         self.members[id(media)] = media
         if self.poller is not None and media._sock is not None:
-            fd = media._sock.sock.fileno()
+            fd = media._sock.fileno()
             self.poller.register(fd, select.EPOLLIN)
             self._by_fd[fd] = media
         return self.grid_at_or_after(self.loop.time())
@@ -134,7 +134,7 @@ class MediaClock:
     def remove(self, media: CallMedia) -> None:
         self.members.pop(id(media), None)
         if self.poller is not None and media._sock is not None:
-            fd = media._sock.sock.fileno()
+            fd = media._sock.fileno()
             if self._by_fd.pop(fd, None) is not None:
                 self.poller.unregister(fd)
         if not self.members and self._handle is not None:

@@ -9,7 +9,7 @@ import os
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,6 +25,7 @@ __all__ = [
     "AudioRtpSender",
     "Datagram",
     "MediaOutput",
+    "MediaSocket",
     "PolledSocket",
     "RtpLease",
     "RtpProtocol",
@@ -93,6 +94,24 @@ async def reserve_rtp_port(pool: RtpPortPool, host: str) -> RtpLease:
     return await pool.bind(host, RtpProtocol)
 
 
+class MediaSocket(Protocol):
+    """What a call's media uses of its RTP socket: a :class:`PolledSocket`, or in tests and
+    benchmarks a fake (a protocol, so the compiled media path does not insist on the class).
+    """
+
+    send_errors: int
+
+    def fileno(self) -> int: ...
+
+    def read(self, loop_now: float, offset: float) -> Datagram | None: ...
+
+    def drain(self, loop_now: float, limit: int = 64) -> list[Datagram]: ...
+
+    def sendto(self, data: bytes, dest: tuple[str, int]) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class PolledSocket:
     """A call's RTP socket read by polling from the media clock's tick, not by asyncio.
 
@@ -117,6 +136,9 @@ class PolledSocket:
         if pause is not None:  # it asyncio keeps reading too, harmlessly: same receiver
             pause()
         self.send_errors = 0
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
 
     def read(self, loop_now: float, offset: float) -> Datagram | None:
         """One queued datagram, or None when the queue is empty.
