@@ -111,10 +111,7 @@ class BridgeServer:
         sip = self.config.sip
         self.media_path = require_fresh().mode  # a stale compiled module: refuse, say why
         if self.media_path != "compiled":
-            log.warning(
-                "media path runs as Python (about 2.5x the CPU per call): "
-                "`make native` compiles it"
-            )
+            log.warning("media path runs as Python (2.5x the CPU per call): `make native`")
         if self.agent_factory is make_agent:  # models load before we listen
             await asyncio.get_running_loop().run_in_executor(None, load_agent_models, self.config)
         await self.transport.start(sip.listen_host, sip.listen_port, sip.transports)
