@@ -9,6 +9,7 @@ import logging
 import os
 import signal
 import sys
+from pathlib import Path
 
 from sip_bridge import __version__
 from sip_bridge.config import ConfigError, load_config
@@ -31,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--listen", metavar="HOST:PORT", help="the --listen it runs with")
     status.add_argument("--socket", metavar="PATH", help="its control socket (control.socket)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
+    config = sub.add_parser("config", help="check a bridge.toml (and the agent profiles it names)")
+    config.add_argument("action", choices=["check"])
+    config.add_argument("file", nargs="?", default="config/bridge.toml", help="bridge.toml")
     from model_runtime.models_cli import add_models_parser
 
     add_models_parser(sub)
@@ -117,9 +121,33 @@ def show_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_config(path: str) -> int:
+    """``sip-bridge config check``: 0 and a summary line, or 2 and the first mistake (file,
+    line, key) in the file or in an agent profile it names."""
+    from agent.profile import ProfileError, load_profile
+
+    try:
+        config = load_config(path)
+        profiles = sorted({c.agent.voice_profile for c in config.agent_configs()
+                           if c.agent.name == "voice"})  # fmt: skip
+        for profile in profiles:
+            load_profile(Path(profile))
+    except (ConfigError, ProfileError) as exc:
+        print(f"sip-bridge config: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"{path}: ok: agent {config.agent.name}, {len(config.trunks)} trunk(s), "
+        f"{len(config.routes)} route(s), {len(profiles)} agent profile(s)",
+        flush=True,
+    )
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "config":
+        return check_config(args.file)
     if args.command == "status":
         try:
             return show_status(args)

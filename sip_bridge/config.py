@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from agent.voice_settings import DEVICES, ModelSettings, VoiceSettings
-from sip_bridge.trunks import TrunkConfig, parse_trunks
+from sip_bridge.routes import RouteConfig, parse_routes
+from sip_bridge.trunks import TrunkConfig, entry_key_line, parse_trunks
 
 #: The shipped demo agent profile (config/agents/demo.toml in a checkout).
 DEMO_PROFILE = Path(__file__).resolve().parent.parent / "config" / "agents" / "demo.toml"
@@ -166,10 +167,30 @@ class BridgeConfig:
     jitter: JitterConfig = field(default_factory=JitterConfig)
     agent: AgentConfig = field(default_factory=AgentConfig)
     trunks: tuple[TrunkConfig, ...] = ()
+    routes: tuple[RouteConfig, ...] = ()  # first match picks the call's agent; else [agent]
     inbound: InboundConfig = field(default_factory=InboundConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     models: ModelSettings = field(default_factory=ModelSettings)
     path: str = "<defaults>"
+
+    def for_route(self, route: RouteConfig | None) -> BridgeConfig:
+        """The config one call runs with: [agent] as the route (if any) sets it. A route
+        with a profile but no agent means the voice agent with that profile."""
+        if route is None:
+            return self
+        a = self.agent
+        name = route.agent or ("voice" if route.profile else a.name)
+        return replace(
+            self, agent=replace(a, name=name, voice_profile=route.profile or a.voice_profile)
+        )
+
+    def agent_configs(self) -> list[BridgeConfig]:
+        """The default and every route's config, each agent once: what to load at start."""
+        out: dict[tuple[str, str], BridgeConfig] = {}
+        for route in (None, *self.routes):
+            cfg = self.for_route(route)
+            out.setdefault((cfg.agent.name, cfg.agent.voice_profile), cfg)
+        return list(out.values())
 
     def with_overrides(
         self,
@@ -265,6 +286,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "inbound": {"rate_per_s": (int, float), "burst": (int,)},
     "control": {"socket": (str,)},
     "trunks": {},  # an array of tables: checked by sip_bridge.trunks
+    "routes": {},  # an array of tables: checked by sip_bridge.routes
 }
 
 
@@ -336,7 +358,7 @@ def _walk(data: dict[str, Any], text: str, path: str) -> None:
                 path, _line_of(text, name, None), name,
                 f"unknown section; known: {', '.join(s for s in _SCHEMA if '.' not in s)}",
             )  # fmt: skip
-        if name == "trunks":
+        if name in ("trunks", "routes"):  # arrays of tables: their own modules check them
             continue
         _walk_section(name, value, text, path)
 
@@ -467,6 +489,16 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     control = ControlConfig(**data.get("control", {}))
     if control.socket and not Path(control.socket).is_absolute():
         control = ControlConfig(str(Path(p).resolve().parent / control.socket))
+    trunks = parse_trunks(data.get("trunks", []), text, p)
+    routes = parse_routes(data.get("routes", []), text, p, AGENTS, trunks)
+    for i, route in enumerate(routes):
+        name = BridgeConfig(agent=agent_cfg).for_route(route).agent.name
+        if name == "speech_model" and speech_model is None:
+            line = entry_key_line(text, "routes", i, "agent")
+            raise ConfigError(p, line, f"routes[{i + 1}].agent", "needs [agent.speech_model]")
+        if name == "playback" and not agent_cfg.playback_file:
+            line = entry_key_line(text, "routes", i, "agent")
+            raise ConfigError(p, line, f"routes[{i + 1}].agent", "needs [agent.playback] file")
     models = ModelSettings(**data.get("models", {}))
     _check_choice(models.device, DEVICES, p, _line_of(text, "models", "device"), "models.device")
     for key in ("threads", "workers"):
@@ -480,7 +512,8 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         rtp=rtp,
         jitter=jitter,
         agent=agent_cfg,
-        trunks=parse_trunks(data.get("trunks", []), text, p),
+        trunks=trunks,
+        routes=routes,
         inbound=inbound,
         control=control,
         path=p,

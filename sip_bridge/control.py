@@ -129,6 +129,7 @@ def format_status(st: dict[str, Any]) -> str:
     lines.extend(
         f"  {c['call_id']:<36} {c['state']:<9} {c['duration_s']:>7.1f} s  "
         f"{c['caller']} -> {c['callee']}  trunk {c.get('trunk') or '-'}  "
+        f"route {c.get('route') or '-'} ({c.get('agent', '?')})  "
         f"rx {c.get('packets_in', 0)} tx {c.get('packets_out', 0)} "
         f"jb {c.get('jitter_delay_ms', 0):.0f} ms loss {c.get('loss_pct', 0):.1f} %"
         for c in calls

@@ -35,6 +35,7 @@ from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.native import require_fresh
 from sip_bridge.offer_answer import NegotiatedMedia
 from sip_bridge.registrar_link import RegistrarLink
+from sip_bridge.routes import match_route
 from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
 from sip_bridge.timers import TimerConfig
 from sip_bridge.transport import (
@@ -73,6 +74,8 @@ class _Call:
     trunk: str | None = None
     started_at: float = 0.0
     answered_at: float | None = None
+    config: BridgeConfig | None = None  # the call's own: its route's agent (a reload leaves it)
+    route: str | None = None  # the [[routes]] entry that picked the agent; None: the default
 
 
 class BridgeServer:
@@ -112,8 +115,10 @@ class BridgeServer:
         self.media_path = require_fresh().mode  # a stale compiled module: refuse, say why
         if self.media_path != "compiled":
             log.warning("media path runs as Python (2.5x the CPU per call): `make native`")
-        if self.agent_factory is make_agent:  # models load before we listen
-            await asyncio.get_running_loop().run_in_executor(None, load_agent_models, self.config)
+        if self.agent_factory is make_agent:  # models load before we listen, for every route
+            loop = asyncio.get_running_loop()
+            for cfg in self.config.agent_configs():
+                await loop.run_in_executor(None, load_agent_models, cfg)
         await self.transport.start(sip.listen_host, sip.listen_port, sip.transports)
         assert self.transport.local is not None
         if sip.tls.enabled:
@@ -309,8 +314,15 @@ class BridgeServer:
         loop = asyncio.get_running_loop()
         info = CallInfo(ev.call_id, caller=ev.from_uri, callee=ev.request_uri)
         call = _Call(ev.call_id, info, trunk=ev.trunk, started_at=loop.time())
-        if ev.trunk:
-            log.info("call %s from %s on trunk %s", ev.call_id, ev.source, ev.trunk)
+        headers = {name.lower(): value for name, value in ev.headers}
+        route = match_route(self.config.routes, ev.request_uri, ev.from_uri, ev.trunk, headers)
+        call.config = self.config.for_route(route)
+        call.route = route.name if route is not None else None
+        if ev.trunk or route is not None:
+            log.info(
+                "call %s from %s on trunk %s, route %s: agent %s", ev.call_id, ev.source,
+                ev.trunk or "-", call.route or "(default)", call.config.agent.name,
+            )  # fmt: skip
         self.calls[ev.call_id] = call
         try:
             call.lease = await reserve_rtp_port(self.pool, self.media_host)
@@ -339,7 +351,7 @@ class BridgeServer:
             log.warning("call %s: unusable media (%s); hanging up", call_id, exc)
             self._hangup(call_id, "unusable media")
             return
-        agent = self.agent_factory(self.config)
+        agent = self.agent_factory(call.config or self.config)
         info = CallInfo(call_id, call.info.caller, call.info.callee, codec=neg.codec)
         media = CallMedia(
             agent,
@@ -417,6 +429,8 @@ class BridgeServer:
                 "caller": c.info.caller,
                 "callee": c.info.callee,
                 "trunk": c.trunk,
+                "route": c.route,
+                "agent": (c.config or self.config).agent.name,
                 "state": "answered" if c.media is not None else "setting up",
                 "duration_s": round(now - (c.answered_at or c.started_at), 1),
             }

@@ -22,7 +22,14 @@ from typing import Any
 from sip_bridge.acl import SourceAcl
 from sip_bridge.fields import SipParseError, SipUri
 
-__all__ = ["AUTH_ALGORITHMS", "TRUNK_KEYS", "TrunkConfig", "parse_trunks", "registrar_uri"]
+__all__ = [
+    "AUTH_ALGORITHMS",
+    "TRUNK_KEYS",
+    "TrunkConfig",
+    "entry_key_line",
+    "parse_trunks",
+    "registrar_uri",
+]
 
 TRUNK_TRANSPORTS = ("udp", "tcp", "tls")
 
@@ -87,18 +94,19 @@ def registrar_uri(value: str) -> str:
     return f"sip:{value}"
 
 
-def _entry_lines(text: str) -> list[int]:
-    """Line numbers of each ``[[trunks]]`` header, in order."""
+def _entry_lines(text: str, table: str) -> list[int]:
+    """Line numbers of each ``[[table]]`` header, in order."""
     return [
         n
         for n, raw in enumerate(text.splitlines(), 1)
-        if re.fullmatch(r"\[\[\s*trunks\s*\]\]", raw.strip())
+        if re.fullmatch(rf"\[\[\s*{table}\s*\]\]", raw.strip())
     ]
 
 
-def _key_line(text: str, index: int, key: str | None) -> int | None:
-    """Line of ``key`` inside the index-th ``[[trunks]]`` table (or of its header)."""
-    headers = _entry_lines(text)
+def entry_key_line(text: str, table: str, index: int, key: str | None) -> int | None:
+    """Line of ``key`` inside the index-th ``[[table]]`` (or of its header): where an error
+    in an array of tables (``[[trunks]]``, ``[[routes]]``) points."""
+    headers = _entry_lines(text, table)
     if index >= len(headers):
         return None
     start = headers[index]
@@ -120,7 +128,7 @@ def parse_trunks(value: Any, text: str, path: str) -> tuple[TrunkConfig, ...]:
 
     def fail(index: int, key: str | None, message: str) -> ConfigError:
         dotted = f"trunks[{index + 1}]" + (f".{key}" if key else "")
-        return ConfigError(path, _key_line(text, index, key), dotted, message)
+        return ConfigError(path, entry_key_line(text, "trunks", index, key), dotted, message)
 
     if not isinstance(value, list) or not all(isinstance(t, dict) for t in value):
         raise ConfigError(path, None, "trunks", "must be [[trunks]] tables")

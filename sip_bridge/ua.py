@@ -391,7 +391,11 @@ class BridgeUA(SessionMixin, TransferMixin):
         self._calls[call_id] = call
         self._track(call, ev.tx_id)
         self._timers.arm(call_id, "answer", now + self.answer_timeout_s)
-        return [CallOffered(call_id, from_uri, to_uri, req.uri, offer, ev.source, admission.trunk)]
+        offered = CallOffered(
+            call_id, from_uri, to_uri, req.uri, offer, ev.source, admission.trunk,
+            headers=tuple(req.headers.items()),
+        )  # fmt: skip
+        return [offered]
 
     def _on_cancel(self, ev: RequestReceived, now: float) -> list[UaEvent]:
         if ev.invite_tx_id is None:

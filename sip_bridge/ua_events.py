@@ -43,6 +43,7 @@ class CallOffered:
     offer: SessionDescription | None  # None: delayed offer (our 200 will offer)
     source: Address
     trunk: str | None = None  # the trunk the admission policy matched, if any
+    headers: tuple[tuple[str, str], ...] = ()  # the INVITE's, for routes on a header
 
 
 @dataclass(frozen=True, slots=True)

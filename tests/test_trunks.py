@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 
 from sip_bridge.admission import InboundPolicy
-from sip_bridge.config import ConfigError, InboundConfig, load_config
+from sip_bridge.config import DEMO_PROFILE, ConfigError, InboundConfig, load_config
 from sip_bridge.digest import DigestClient, choose_challenge
 from sip_bridge.message import SipRequest, parse_message
 from sip_bridge.trunks import TrunkConfig
@@ -207,6 +208,9 @@ def test_the_trunk_examples_in_the_shipped_config_load_when_uncommented(
     monkeypatch.setenv("CARRIER_SIP_PASSWORD", "pw")
     (tmp_path / "secrets").mkdir()
     (tmp_path / "secrets" / "office.pw").write_text("office-pw\n")
+    (tmp_path / "agents").mkdir()  # the route examples name the demo profile
+    shutil.copy(DEMO_PROFILE, tmp_path / "agents" / "demo.toml")
     cfg = load_config(_write(tmp_path, "\n".join(lines) + "\n"))
     assert [t.name for t in cfg.trunks] == ["carrier", "pbx", "office"]
+    assert [r.name for r in cfg.routes] == ["support", "line-check", "gold-queue"]
     assert cfg.trunks[0].registers and cfg.trunks[2].password == "office-pw"
