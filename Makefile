@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # Debian packages the build and the tests need (checked one by one with dpkg).
 # gcc and python3-dev compile the media path (mypyc); without them it runs as Python.
-APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox
+APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox \
+	mosquitto kamailio
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
