@@ -56,6 +56,14 @@ class InboundPolicy:
         self._secret = secret if secret is not None else secrets.token_bytes(32)
         self.counts = {"admitted": 0, "challenged": 0, "forbidden": 0, "rate_limited": 0}
 
+    def adopt(self, old: InboundPolicy) -> None:
+        """After a reload: keep what the old policy learned of registrars' addresses (for
+        trunks still here) and its counters, so status figures do not restart."""
+        for name, addresses in old._registrars.items():
+            if name in self._registrars:
+                self._registrars[name] = set(addresses)
+        self.counts.update(old.counts)
+
     def set_registrar_addresses(self, trunk: str, addresses: Iterable[str]) -> None:
         """Where the trunk's registrar resolved to: its INVITEs come from there."""
         self._registrars[trunk] = {normalize_ip(a) for a in addresses}

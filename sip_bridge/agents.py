@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 _lock = threading.Lock()
 _models: dict[object, VoiceModels] = {}
-_profiles: dict[str, AgentProfile] = {}
+_profiles: dict[tuple[str, int], AgentProfile] = {}  # (path, mtime): an edit loads anew
 _speech: dict[SpeechModelConfig, tuple[SpeechToSpeechModel, FrameBatcher | None]] = {}
 
 
@@ -108,9 +108,13 @@ def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:
         if m.dir:
             os.environ["SIP_BRIDGE_MODELS"] = m.dir  # before default_store() is first made
         path = config.agent.voice_profile
-        profile = _profiles.get(path)
+        try:
+            version = (path, Path(path).stat().st_mtime_ns)
+        except OSError:
+            version = (path, 0)  # load_profile says what is wrong with it
+        profile = _profiles.get(version)
         if profile is None:
-            profile = _profiles[path] = load_profile(Path(path))
+            profile = _profiles[version] = load_profile(Path(path))
         scale = profile.voice.length_scale
         key = (m, default_store().root, scale)
         models = _models.get(key)

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from sip_bridge import __version__
-from sip_bridge.config import ConfigError, load_config
+from sip_bridge.config import BridgeConfig, ConfigError, load_config
 from sip_bridge.transport import TransportError
 
 
@@ -36,6 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("action", choices=["check"])
     config.add_argument("file", nargs="?", default="config/bridge.toml", help="bridge.toml")
     from model_runtime.models_cli import add_models_parser
+    from sip_bridge.records_cli import add_parser as add_calls_parser
+
+    add_calls_parser(sub)
 
     add_models_parser(sub)
     call = sub.add_parser("call", help="place one outbound call: play a WAV, record the answer")
@@ -76,6 +79,7 @@ async def run_call(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from sip_bridge.reload import ConfigWatcher, reload_bridge, watched_files
     from sip_bridge.server import BridgeServer, settle_heap
 
     config = load_config(args.config).with_overrides(
@@ -90,13 +94,43 @@ async def _serve(args: argparse.Namespace) -> int:
     sock = config.control.socket_path(server.port)
     print(f"status: sip-bridge status --socket {sock}", flush=True)
     print(f"media path: {server.media_path}", flush=True)
-    stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
+    stop, drain, wake = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    def load() -> BridgeConfig:
+        return load_config(args.config).with_overrides(
+            listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports,
+            max_calls=args.max_calls,
+        )  # fmt: skip
+
+    reloading: list[asyncio.Task[bool]] = []
+
+    def reload() -> None:
+        if not any(not t.done() for t in reloading):  # one at a time
+            reloading[:] = [loop.create_task(reload_bridge(server, load))]
+
+    watcher = ConfigWatcher(watched_files(config))
+
+    def signalled(event: asyncio.Event) -> None:
+        event.set()
+        wake.set()
+
+    for sig, event in ((signal.SIGINT, stop), (signal.SIGTERM, drain)):
         with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await server.stop()
+            loop.add_signal_handler(sig, signalled, event)
+    with contextlib.suppress(NotImplementedError):
+        loop.add_signal_handler(signal.SIGHUP, reload)
+    while not (stop.is_set() or drain.is_set()):
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(wake.wait(), 1.0)
+        if server.config.control.reload_on_change and watcher.changed():
+            reload()
+            await reloading[0]
+            watcher.watch(watched_files(server.config))
+    if drain.is_set() and not stop.is_set():  # SIGTERM: finish calls first (SIGINT: now)
+        await server.drain()
+    else:
+        await server.stop()
     return 0
 
 
@@ -148,6 +182,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "config":
         return check_config(args.file)
+    if args.command == "calls":
+        from sip_bridge import records_cli
+
+        return records_cli.run(args)
     if args.command == "status":
         try:
             return show_status(args)
@@ -180,10 +218,13 @@ def main(argv: list[str] | None = None) -> int:
     from agent.profile import ProfileError
     from model_runtime.store import ModelError
     from sip_bridge.native import NativeBuildError
+    from sip_bridge.records import RecordsError
 
     try:
         return asyncio.run(_serve(args))
-    except (ConfigError, TransportError, ProfileError, ModelError, NativeBuildError) as exc:
+    except (
+        ConfigError, TransportError, ProfileError, ModelError, NativeBuildError, RecordsError
+    ) as exc:  # fmt: skip
         # a bad file, a busy port, a broken agent profile, a missing or corrupt model, a
         # stale compiled media path: one line that says what and where (and the fix)
         print(f"sip-bridge: {exc}", file=sys.stderr)

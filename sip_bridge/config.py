@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 import tempfile
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -29,6 +30,8 @@ __all__ = [
     "ControlConfig",
     "InboundConfig",
     "JitterConfig",
+    "NodeConfig",
+    "RecordsConfig",
     "RtpConfig",
     "SipConfig",
     "SpeechModelConfig",
@@ -81,6 +84,7 @@ class SipConfig:
     user_agent: str = "sip-bridge"
     answer_after_s: float = 0.0  # ring this long (180 Ringing) before answering
     max_call_s: float = 0.0  # hang up (BYE) after this long; 0 = no limit
+    drain_s: float = 30.0  # SIGTERM: calls in progress may go on this long (new ones: 503)
     timers: TimersConfig = field(default_factory=TimersConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
 
@@ -155,9 +159,29 @@ class ControlConfig:
     """Where ``sip-bridge status`` finds a running bridge (a Unix socket)."""
 
     socket: str = ""  # empty: <temp dir>/sip-bridge-<SIP port>.sock
+    reload_on_change: bool = True  # reload when the config or a profile it names changes
 
     def socket_path(self, sip_port: int) -> str:
         return self.socket or str(Path(tempfile.gettempdir()) / f"sip-bridge-{sip_port}.sock")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """This bridge among several: its name in call records and event topics."""
+
+    name: str = ""  # empty: the host name
+
+    @property
+    def node_name(self) -> str:
+        return self.name or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class RecordsConfig:
+    """Call records (CDRs, turns, events) in SQLite: ``sip-bridge calls list|show``."""
+
+    enabled: bool = False  # the shipped config/bridge.toml turns them on
+    db: str = ""  # empty: $SIP_BRIDGE_DATA/calls.sqlite, else ~/.local/share/sip-bridge/
 
 
 @dataclass(frozen=True)
@@ -171,6 +195,8 @@ class BridgeConfig:
     inbound: InboundConfig = field(default_factory=InboundConfig)
     control: ControlConfig = field(default_factory=ControlConfig)
     models: ModelSettings = field(default_factory=ModelSettings)
+    node: NodeConfig = field(default_factory=NodeConfig)
+    records: RecordsConfig = field(default_factory=RecordsConfig)
     path: str = "<defaults>"
 
     def for_route(self, route: RouteConfig | None) -> BridgeConfig:
@@ -234,6 +260,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "user_agent": (str,),
         "answer_after_s": (int, float),
         "max_call_s": (int, float),
+        "drain_s": (int, float),
         "timers": (dict,),
         "tls": (dict,),
     },
@@ -284,7 +311,9 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
     "agent.playback": {"file": (str,), "loop": (bool,), "hangup_at_end": (bool,)},
     "inbound": {"rate_per_s": (int, float), "burst": (int,)},
-    "control": {"socket": (str,)},
+    "control": {"socket": (str,), "reload_on_change": (bool,)},
+    "node": {"name": (str,)},
+    "records": {"enabled": (bool,), "db": (str,)},
     "trunks": {},  # an array of tables: checked by sip_bridge.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.routes
 }
@@ -425,6 +454,8 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         raise ConfigError(p, _line_of(text, "sip", key), f"sip.{key}", "must be 0..60 s")
     if sip_cfg.max_call_s < 0:
         raise ConfigError(p, _line_of(text, "sip", "max_call_s"), "sip.max_call_s", "must be >= 0")
+    if not 0 <= sip_cfg.drain_s <= 86400:
+        raise ConfigError(p, _line_of(text, "sip", "drain_s"), "sip.drain_s", "must be 0..86400 s")
     rtp = RtpConfig(**data.get("rtp", {}))
     _check_port_range(rtp.ports, p, _line_of(text, "rtp", "ports"), "rtp.ports")
     _check_choice(rtp.symmetric, SYMMETRIC, p, _line_of(text, "rtp", "symmetric"), "rtp.symmetric")
@@ -488,7 +519,14 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         raise ConfigError(p, line, "inbound", "need rate_per_s >= 0 (0 = off) and burst >= 1")
     control = ControlConfig(**data.get("control", {}))
     if control.socket and not Path(control.socket).is_absolute():
-        control = ControlConfig(str(Path(p).resolve().parent / control.socket))
+        control = replace(control, socket=str(Path(p).resolve().parent / control.socket))
+    node = NodeConfig(**data.get("node", {}))
+    if node.name and not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", node.name):
+        line = _line_of(text, "node", "name")
+        raise ConfigError(p, line, "node.name", "use letters, digits, '_', '.', '-' (at most 64)")
+    records = RecordsConfig(**data.get("records", {}))
+    if records.db and not Path(records.db).is_absolute():
+        records = replace(records, db=str(Path(p).resolve().parent / records.db))
     trunks = parse_trunks(data.get("trunks", []), text, p)
     routes = parse_routes(data.get("routes", []), text, p, AGENTS, trunks)
     for i, route in enumerate(routes):
@@ -514,6 +552,8 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         agent=agent_cfg,
         trunks=trunks,
         routes=routes,
+        node=node,
+        records=records,
         inbound=inbound,
         control=control,
         path=p,

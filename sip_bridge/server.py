@@ -12,7 +12,7 @@ import asyncio
 import gc
 import logging
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +34,8 @@ from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reser
 from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.native import require_fresh
 from sip_bridge.offer_answer import NegotiatedMedia
+from sip_bridge.records import CallRecords
+from sip_bridge.records_cli import default_db_path
 from sip_bridge.registrar_link import RegistrarLink
 from sip_bridge.routes import match_route
 from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
@@ -107,12 +109,15 @@ class BridgeServer:
         self._want_control = control  # `sip-bridge run` serves `sip-bridge status`
         self._started_at = 0.0
         self.media_path = "python"  # or "compiled" (mypyc): see sip_bridge.native
+        self.records: CallRecords | None = None  # [records] enabled: the calls' CDRs
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     async def start(self) -> None:
         sip = self.config.sip
         self.media_path = require_fresh().mode  # a stale compiled module: refuse, say why
+        if self.config.records.enabled:  # a store that cannot open stops the start (1 line)
+            self.records = CallRecords(self.config.records.db or default_db_path())
         if self.media_path != "compiled":
             log.warning("media path runs as Python (2.5x the CPU per call): `make native`")
         if self.agent_factory is make_agent:  # models load before we listen, for every route
@@ -175,11 +180,8 @@ class BridgeServer:
         )
         if not len(regs):
             return
-        policy = self.policy
         self.registrations = RegistrarLink(
-            regs,
-            self.transport.send_nowait,
-            policy.set_registrar_addresses if policy is not None else None,
+            regs, self.transport.send_nowait, self._registrar_addresses
         )
         self.registrations.start([t.name for t in self.config.trunks if t.registers])
 
@@ -194,6 +196,52 @@ class BridgeServer:
         if ":" in host:
             host = f"[{host}]"
         return f"sip:{self.config.agent.name}@{host}:{self.port}"
+
+    async def reload(self, new: BridgeConfig) -> list[str]:
+        """Use ``new`` for calls from now on (calls in progress keep theirs). Its agents
+        load first: a broken profile or a missing model raises and changes nothing. What
+        needs a restart keeps its running value; returns the names of those that differed.
+        """
+        from sip_bridge.reload import keep_bound
+
+        merged, kept = keep_bound(self.config, new)
+        if self.agent_factory is make_agent:
+            loop = asyncio.get_running_loop()
+            for cfg in merged.agent_configs():
+                await loop.run_in_executor(None, load_agent_models, cfg)
+        self.config = merged
+        if self.ua is not None:
+            now = asyncio.get_running_loop().time()
+            policy = InboundPolicy(
+                merged.trunks, merged.inbound, now, retry_after_s=merged.sip.retry_after_s
+            )
+            if self.policy is not None:
+                policy.adopt(self.policy)
+            self.policy = self.ua.admit = policy
+            self.ua.config = merged.sip
+        return kept
+
+    @property
+    def draining(self) -> bool:
+        return self.ua is not None and self.ua.draining
+
+    async def drain(self, timeout_s: float | None = None) -> int:
+        """Stop taking calls (INVITE and OPTIONS get 503: a dispatcher probing with OPTIONS
+        moves traffic away), let calls in progress finish for up to ``timeout_s`` (default
+        ``sip.drain_s``), then :meth:`stop`, which hangs up the rest. Returns how many calls
+        were still up at the deadline."""
+        loop = asyncio.get_running_loop()
+        if self.ua is not None:
+            self.ua.draining = True
+        deadline = loop.time() + (self.config.sip.drain_s if timeout_s is None else timeout_s)
+        log.warning("draining: %d call(s) in progress, new calls get 503", len(self.calls))
+        while self.calls and loop.time() < deadline:
+            await asyncio.sleep(0.1)
+        left = len(self.calls)
+        if left:
+            log.warning("drain deadline: hanging up %d call(s)", left)
+        await self.stop()
+        return left
 
     async def stop(self, grace_s: float = 2.0) -> None:
         """Hang up every call (BYE), unregister, give both a moment, then close everything."""
@@ -219,6 +267,12 @@ class BridgeServer:
         if self._timer is not None:
             self._timer.cancel()
         await self.transport.close()
+        if self.records is not None:
+            self.records.close()
+
+    def _registrar_addresses(self, trunk: str, addresses: Iterable[str]) -> None:
+        if self.policy is not None:  # the current one: a reload replaces it
+            self.policy.set_registrar_addresses(trunk, addresses)
 
     # -- SIP in, events out -------------------------------------------------------------------
 
@@ -277,7 +331,7 @@ class BridgeServer:
                 call = self.calls.get(ev.call_id)
                 log.info("call %s ended by %s: %s", ev.call_id, ev.by, ev.reason)
                 if call is not None:
-                    self._spawn(self._teardown(call, ev.reason))
+                    self._spawn(self._teardown(call, ev.reason, ev.by))
             elif isinstance(ev, DtmfInfo):
                 call = self.calls.get(ev.call_id)
                 if call is not None and call.media is not None:
@@ -318,6 +372,12 @@ class BridgeServer:
         route = match_route(self.config.routes, ev.request_uri, ev.from_uri, ev.trunk, headers)
         call.config = self.config.for_route(route)
         call.route = route.name if route is not None else None
+        if self.records is not None:
+            self.records.call_started(
+                ev.call_id, node=self.config.node.node_name, trunk=ev.trunk,
+                caller=ev.from_uri, callee=ev.request_uri, remote=_hostport(ev.source),
+                agent=call.config.agent.name,
+            )  # fmt: skip
         if ev.trunk or route is not None:
             log.info(
                 "call %s from %s on trunk %s, route %s: agent %s", ev.call_id, ev.source,
@@ -328,6 +388,9 @@ class BridgeServer:
             call.lease = await reserve_rtp_port(self.pool, self.media_host)
         except PortsExhausted as exc:
             log.warning("call %s refused: %s", ev.call_id, exc)
+            if self.records is not None:
+                self.records.call_ended(ev.call_id, outcome="rejected", end_reason=f"503 {exc}")
+            call.ended = True  # the record is final: the CallEnded that follows adds nothing
             self._handle(ua.reject(ev.call_id, 503, loop.time()))
             return
         if call.ended:  # cancelled while we were binding
@@ -363,6 +426,9 @@ class BridgeServer:
         )
         call.media = media
         call.answered_at = loop.time()
+        if self.records is not None:
+            remote = _hostport((params.remote_host, params.remote_port))
+            self.records.call_answered(call_id, codec=neg.codec, agent=agent.name, remote=remote)
         await media.start()
         if call.ended:  # hung up while the media was starting: _teardown saw no media yet
             await media.close("ended during setup")
@@ -404,8 +470,9 @@ class BridgeServer:
         if self.ua is not None:
             self._handle(self.ua.hangup(call_id, asyncio.get_running_loop().time(), reason))
 
-    async def _teardown(self, call: _Call, reason: str) -> None:
+    async def _teardown(self, call: _Call, reason: str, by: str = "local") -> None:
         if call.ended:
+            self.calls.pop(call.call_id, None)
             return
         call.ended = True
         self.calls.pop(call.call_id, None)
@@ -416,6 +483,12 @@ class BridgeServer:
             self.finished.append(call.media.stats)
         elif call.lease is not None and not call.lease.transport.is_closing():
             await call.lease.aclose()
+        if self.records is not None:
+            outcome = "answered" if call.media is not None else (
+                "cancelled" if by == "remote" else "failed"
+            )  # fmt: skip
+            media = call.media.stats if call.media is not None else None
+            self.records.call_ended(call.call_id, outcome=outcome, end_reason=reason, media=media)
 
     # -- status (``sip-bridge status``) --------------------------------------------------------
 
@@ -459,12 +532,18 @@ class BridgeServer:
             "agent": self.config.agent.name,
             "limits": {"max_calls": sip.max_calls},
             "counters": {**self.stats, "active": len(self.calls)},
+            "draining": self.draining,
             "admission": dict(self.policy.counts) if self.policy is not None else {},
             "registrations": regs.regs.status(now) if regs is not None else [],
             "models": _models_in_use(),
             "media_path": self.media_path,
             "calls": calls,
         }
+
+
+def _hostport(addr: tuple[str, int]) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def settle_heap() -> None:

@@ -151,6 +151,9 @@ class BridgeUA(SessionMixin, TransferMixin):
         self.answer_timeout_s = answer_timeout_s
         self.min_se = min_se
         self.admit = admit  # None: every source may call
+        # Draining: new calls and out-of-dialog OPTIONS get 503, so a dispatcher probing
+        # with OPTIONS moves traffic elsewhere; calls in progress go on.
+        self.draining = False
         self.transfer_timeout_s = transfer_timeout_s  # REFER sent -> final NOTIFY, at most
         self.transfer_bye_s = transfer_bye_s  # transfer succeeded -> our BYE if none came
         t = config.timers
@@ -317,6 +320,8 @@ class BridgeUA(SessionMixin, TransferMixin):
             if method == "INVITE":
                 return self._on_invite(ev, transport, now)
             if method == "OPTIONS":
+                if self.draining:
+                    return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
                 return self._options(ev, now)
             return self._reply(ev, 481, now)
         call = self._calls.get(req.call_id) or self._ending.get(req.call_id)
@@ -349,6 +354,8 @@ class BridgeUA(SessionMixin, TransferMixin):
         call_id = req.call_id
         if call_id in self._calls or call_id in self._ending:
             return self._reply(ev, 482, now)  # merged/looped request (RFC 3261 8.2.2.2)
+        if self.draining:
+            return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
         admission = self.admit(req, ev.source, now) if self.admit is not None else Admission()
         if admission.status:
             resp = self._response(req, admission.status)

@@ -1,0 +1,193 @@
+"""``sip-bridge calls list|show``: read the call records the bridge wrote (never writes).
+
+``cli.py`` wires it in with ``add_parser(sub)`` and, for ``args.command == "calls"``,
+``return run(args)``. Exit status 0 on success, 1 with one line on stderr when the database
+is missing, unreadable or corrupt, or the call id is unknown or malformed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from sip_bridge.records import OUTCOMES, CallRecords, RecordsError, valid_call_id
+
+PROG = "sip-bridge calls"
+
+
+def default_db_path() -> Path:
+    """``$SIP_BRIDGE_DATA/calls.sqlite``, else ``~/.local/share/sip-bridge/calls.sqlite``."""
+    data = os.environ.get("SIP_BRIDGE_DATA")
+    if data:
+        return Path(data) / "calls.sqlite"
+    return Path.home() / ".local" / "share" / "sip-bridge" / "calls.sqlite"
+
+
+def _positive(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("must be >= 1")
+    return n
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``calls`` (with ``list`` and ``show``) to a ``sip-bridge`` subparsers object."""
+    calls: argparse.ArgumentParser = subparsers.add_parser(
+        "calls", help="list and show recorded calls"
+    )
+    sub = calls.add_subparsers(dest="calls_command", required=True, metavar="{list,show}")
+    db_help = "call-record database (default: $SIP_BRIDGE_DATA/calls.sqlite)"
+    ls = sub.add_parser("list", help="the newest calls first")
+    ls.add_argument("--limit", type=_positive, default=20, metavar="N", help="at most N calls")
+    ls.add_argument("--outcome", choices=OUTCOMES, help="only calls with this outcome")
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.add_argument("--db", metavar="PATH", help=db_help)
+    show = sub.add_parser("show", help="one call: details, stats, turns and timeline")
+    show.add_argument("call_id", metavar="CALL_ID", help="a Call-ID (or its unique prefix)")
+    show.add_argument("--json", action="store_true", help="print JSON")
+    show.add_argument("--db", metavar="PATH", help=db_help)
+    return calls
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``calls list`` / ``calls show``; the exit status."""
+    path = Path(args.db) if getattr(args, "db", None) else default_db_path()
+    try:
+        if args.calls_command == "show" and not valid_call_id(args.call_id):
+            raise RecordsError(f"malformed call id {args.call_id!r}")
+        store = CallRecords(path, readonly=True)
+        try:
+            text = _list(store, args) if args.calls_command == "list" else _show(store, args)
+        finally:
+            store.close()
+    except RecordsError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return 1
+    print(text, flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m sip_bridge.records_cli list ...``: the same without the main CLI."""
+    parser = argparse.ArgumentParser(prog="sip-bridge")
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    return run(parser.parse_args(["calls", *(sys.argv[1:] if argv is None else argv)]))
+
+
+def _list(store: CallRecords, args: argparse.Namespace) -> str:
+    rows = store.list(limit=args.limit, outcome=args.outcome)
+    if args.json:
+        return json.dumps(rows, indent=2)
+    if not rows:
+        return "no calls recorded" + (f" with outcome {args.outcome}" if args.outcome else "")
+    head = ("started", "call id", "outcome", "duration", "caller", "callee", "trunk", "reason")
+    table = [
+        (
+            _when(r["started_at"]),
+            _cut(r["call_id"], 32),
+            r["outcome"] or "in progress",
+            _secs(r["duration_s"]),
+            _cut(r["caller"], 32),
+            _cut(r["callee"], 32),
+            r["trunk"] or "-",
+            _cut(r["end_reason"], 40),
+        )
+        for r in rows
+    ]
+    widths = [max(len(h), *(len(row[i]) for row in table)) for i, h in enumerate(head)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+        for row in (head, *table)
+    ]
+    return "\n".join(lines)
+
+
+def _show(store: CallRecords, args: argparse.Namespace) -> str:
+    ids = store.find(args.call_id)
+    if not ids:
+        raise RecordsError(f"no call {args.call_id!r} in {store.path}")
+    if len(ids) > 1:
+        raise RecordsError(f"call id {args.call_id!r} is ambiguous: {', '.join(ids[:3])}...")
+    record = store.show(ids[0])
+    if record is None:  # deleted between the two reads
+        raise RecordsError(f"no call {args.call_id!r} in {store.path}")
+    if args.json:
+        return json.dumps(record, indent=2)
+    call, stats = record["call"], record["stats"]
+    lines = [f"call {call['call_id']}"]
+    keys = ("outcome", "end_reason", "caller", "callee", "trunk", "node", "agent", "codec")
+    lines += [f"  {k.replace('_', ' '):<12} {_text(call[k])}" for k in (*keys, "remote")]
+    lines.append(f"  {'started':<12} {_when(call['started_at'])}")
+    lines.append(f"  {'duration':<12} {_secs(call['duration_s'])}")
+    figures = [f"{k}={_num(v)}" for k, v in stats.items() if k != "duration_s" and v is not None]
+    lines.append(f"  {'stats':<12} {' '.join(figures) or '-'}")
+    lines.append("timeline")
+    t0 = call["started_at"]
+    lines += [
+        f"  {_offset(item['at'] - t0):>10}  {item['kind']:<12} {_detail(item)}".rstrip()
+        for item in record["timeline"]
+    ]
+    if record["turns"]:
+        lines.append("turns")
+    for t in record["turns"]:
+        lines.append(f"  #{t['idx']}  caller: {t['caller_text'] or ''}")
+        lines.append(f"       agent:  {t['agent_text'] or ''}")
+        if t["timings"]:
+            timing = t["timings"]
+            text = (
+                " ".join(f"{k}={_num(v)}" for k, v in timing.items())
+                if isinstance(timing, dict)
+                else str(timing)
+            )
+            lines.append(f"       timings: {text}")
+    return "\n".join(lines)
+
+
+def _detail(item: dict[str, Any]) -> str:
+    data = item["data"]
+    if item["kind"] == "turn":
+        return (
+            f"#{data['idx']} caller: {_cut(data['caller'], 50)} | agent: {_cut(data['agent'], 50)}"
+        )
+    if isinstance(data, dict):
+        return " ".join(f"{k}={_num(v)}" for k, v in data.items())
+    return "" if data is None else str(data)
+
+
+def _offset(s: float) -> str:
+    return f"+{s:.3f}s"
+
+
+def _text(v: Any) -> str:
+    return "-" if v is None or v == "" else str(v)
+
+
+def _when(t: float | None) -> str:
+    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+
+
+def _secs(s: float | None) -> str:
+    return "-" if s is None else f"{s:.1f}s"
+
+
+def _num(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def _cut(text: str | None, n: int) -> str:
+    if not text:
+        return "-"
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+if __name__ == "__main__":
+    sys.exit(main())
