@@ -26,6 +26,7 @@ __all__ = [
     "HangupEvent",
     "TransferRequest",
     "TransferResult",
+    "TurnCompleted",
 ]
 
 #: What agents hear and speak unless they say otherwise: the speech model's native rate.
@@ -66,7 +67,7 @@ class TransferRequest:
 
 
 # A string: TransferResult is defined at the end of the module.
-AgentEvent: TypeAlias = "DtmfEvent | HangupEvent | TransferRequest | TransferResult"
+AgentEvent: TypeAlias = "DtmfEvent | HangupEvent | TransferRequest | TransferResult | TurnCompleted"
 
 
 class AgentOutput(abc.ABC):
@@ -122,6 +123,19 @@ class Agent(abc.ABC):
 
     async def stop(self) -> None:  # noqa: B027 (optional hook)
         """The call is gone; release resources. Nothing is sent after this."""
+
+
+@dataclass(frozen=True, slots=True)
+class TurnCompleted:
+    """From the agent: one caller turn answered, or cut short by the caller (barge-in), for
+    call records, metrics and events. ``agent_text`` is what was played, not what was
+    planned; ``stages_ms``: end_of_turn, asr_tail, dialogue, tts_first_audio (those that
+    happened)."""
+
+    caller_text: str
+    agent_text: str
+    stages_ms: dict[str, float]
+    barged_in: bool = False
 
 
 @dataclass(frozen=True, slots=True)

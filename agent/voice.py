@@ -35,6 +35,7 @@ from agent.base import (
     HangupEvent,
     TransferRequest,
     TransferResult,
+    TurnCompleted,
 )
 from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, SendDtmf, Transfer
 from agent.profile import AgentProfile
@@ -73,6 +74,21 @@ class TurnTiming:
     barged_in: bool = False
     speculative: bool = False  # answered by a reply prepared during the pause: ASR,
     # dialogue and TTS may be done before turn_end
+    heard: list[str] = field(default_factory=list)  # what of the reply was played
+    reported: bool = False  # a TurnCompleted went out
+
+    def stages_ms(self) -> dict[str, float]:
+        """The stages that happened, in ms (as bench/turn_latency.py splits a turn)."""
+        out: dict[str, float] = {}
+        for name, a, b in (
+            ("end_of_turn", self.speech_end, self.turn_end),
+            ("asr_tail", self.turn_end, self.asr_done),
+            ("dialogue", self.asr_done, self.reply_ready),
+            ("tts_first_audio", self.reply_ready, self.tts_first),
+        ):
+            if a and b:
+                out[name] = round(max(0.0, 1000 * (b - a)), 1)
+        return out
 
 
 class VoiceAgent(Agent):
@@ -256,6 +272,9 @@ class VoiceAgent(Agent):
             self.engine.played(heard)
         if self._turn is not None:
             self._turn.barged_in = True
+            if heard:
+                self._turn.heard.append(heard)
+            self._report(self._turn)
         self._stt.reset()
         self._eot.reset()
         self._busy = False
@@ -367,6 +386,10 @@ class VoiceAgent(Agent):
                     heard = self.playout.take_heard()
                     if heard:
                         self.engine.played(heard)
+                        if timing is not None:
+                            timing.heard.append(heard)
+                if timing is not None:
+                    self._report(timing)
                 self._busy = False
                 self._speech_ticks = self._run  # our own echo is not the caller's turn
 
@@ -418,6 +441,15 @@ class VoiceAgent(Agent):
         while gen == self._gen and self.playout.playing and self._drained is not None:
             self._drained.clear()
             await self._drained.wait()
+
+    def _report(self, timing: TurnTiming) -> None:
+        """Tell the bridge (records, metrics, events) how the turn went, once."""
+        if timing.reported or self._out is None:
+            return
+        timing.reported = True
+        self._out.emit(
+            TurnCompleted(timing.text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in)
+        )
 
     def _act(self, part: ReplyPart) -> None:
         out = self._out

@@ -30,6 +30,7 @@ __all__ = [
     "ControlConfig",
     "InboundConfig",
     "JitterConfig",
+    "MetricsConfig",
     "NodeConfig",
     "RecordsConfig",
     "RtpConfig",
@@ -185,6 +186,13 @@ class RecordsConfig:
 
 
 @dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus ``/metrics`` and the ``/healthz`` readiness probe over HTTP."""
+
+    listen: str = ""  # HOST:PORT; empty: off
+
+
+@dataclass(frozen=True)
 class BridgeConfig:
     sip: SipConfig = field(default_factory=SipConfig)
     rtp: RtpConfig = field(default_factory=RtpConfig)
@@ -197,6 +205,7 @@ class BridgeConfig:
     models: ModelSettings = field(default_factory=ModelSettings)
     node: NodeConfig = field(default_factory=NodeConfig)
     records: RecordsConfig = field(default_factory=RecordsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
     path: str = "<defaults>"
 
     def for_route(self, route: RouteConfig | None) -> BridgeConfig:
@@ -314,6 +323,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "control": {"socket": (str,), "reload_on_change": (bool,)},
     "node": {"name": (str,)},
     "records": {"enabled": (bool,), "db": (str,)},
+    "metrics": {"listen": (str,)},
     "trunks": {},  # an array of tables: checked by sip_bridge.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.routes
 }
@@ -527,6 +537,9 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     records = RecordsConfig(**data.get("records", {}))
     if records.db and not Path(records.db).is_absolute():
         records = replace(records, db=str(Path(p).resolve().parent / records.db))
+    metrics = MetricsConfig(**data.get("metrics", {}))
+    if metrics.listen:
+        _check_hostport(metrics.listen, p, _line_of(text, "metrics", "listen"), "metrics.listen")
     trunks = parse_trunks(data.get("trunks", []), text, p)
     routes = parse_routes(data.get("routes", []), text, p, AGENTS, trunks)
     for i, route in enumerate(routes):
@@ -554,6 +567,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         routes=routes,
         node=node,
         records=records,
+        metrics=metrics,
         inbound=inbound,
         control=control,
         path=p,

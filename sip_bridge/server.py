@@ -24,14 +24,16 @@ from agent.base import (
     HangupEvent,
     TransferRequest,
     TransferResult,
+    TurnCompleted,
 )
 from sip_bridge import __version__
 from sip_bridge.admission import InboundPolicy
 from sip_bridge.agents import load_agent_models, make_agent
-from sip_bridge.config import BridgeConfig
+from sip_bridge.config import BridgeConfig, parse_hostport
 from sip_bridge.control import ControlServer
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
 from sip_bridge.message import SipResponse, parse_message
+from sip_bridge.metrics import BridgeMetrics, MetricsServer
 from sip_bridge.native import require_fresh
 from sip_bridge.offer_answer import NegotiatedMedia
 from sip_bridge.records import CallRecords
@@ -110,6 +112,9 @@ class BridgeServer:
         self._started_at = 0.0
         self.media_path = "python"  # or "compiled" (mypyc): see sip_bridge.native
         self.records: CallRecords | None = None  # [records] enabled: the calls' CDRs
+        self.metrics: BridgeMetrics | None = None  # [metrics] listen: Prometheus, /healthz
+        self._metrics_http: MetricsServer | None = None
+        self.ready = False  # models loaded and listening: /healthz says ok
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -118,6 +123,8 @@ class BridgeServer:
         self.media_path = require_fresh().mode  # a stale compiled module: refuse, say why
         if self.config.records.enabled:  # a store that cannot open stops the start (1 line)
             self.records = CallRecords(self.config.records.db or default_db_path())
+        if self.config.metrics.listen:  # up first: /healthz says "starting" while models load
+            await self._start_metrics()
         if self.media_path != "compiled":
             log.warning("media path runs as Python (2.5x the CPU per call): `make native`")
         if self.agent_factory is make_agent:  # models load before we listen, for every route
@@ -165,6 +172,18 @@ class BridgeServer:
                 raise TransportError(f"control socket: {exc}") from None
             self._control = control
         await self._start_registrations(now)
+        self.ready = True
+
+    async def _start_metrics(self) -> None:
+        host, port = parse_hostport(self.config.metrics.listen)
+        self.metrics = BridgeMetrics()
+        self.metrics.media_path(self.media_path)
+        http = MetricsServer(host, port, self.metrics, ready=lambda: self.ready)
+        try:
+            await http.start()
+        except OSError as exc:
+            raise TransportError(f"metrics.listen {host}:{port}: {exc.strerror}") from None
+        self._metrics_http = http
 
     async def _start_registrations(self, now: float) -> None:
         ports = {"udp": self.port, "tcp": self.port}
@@ -233,6 +252,8 @@ class BridgeServer:
         loop = asyncio.get_running_loop()
         if self.ua is not None:
             self.ua.draining = True
+        if self._metrics_http is not None:
+            self._metrics_http.set_draining(True)
         deadline = loop.time() + (self.config.sip.drain_s if timeout_s is None else timeout_s)
         log.warning("draining: %d call(s) in progress, new calls get 503", len(self.calls))
         while self.calls and loop.time() < deadline:
@@ -269,6 +290,8 @@ class BridgeServer:
         await self.transport.close()
         if self.records is not None:
             self.records.close()
+        if self._metrics_http is not None:
+            await self._metrics_http.stop()
 
     def _registrar_addresses(self, trunk: str, addresses: Iterable[str]) -> None:
         if self.policy is not None:  # the current one: a reload replaces it
@@ -372,6 +395,9 @@ class BridgeServer:
         route = match_route(self.config.routes, ev.request_uri, ev.from_uri, ev.trunk, headers)
         call.config = self.config.for_route(route)
         call.route = route.name if route is not None else None
+        if self.metrics is not None:
+            self.metrics.call_offered(ev.trunk)
+            self.metrics.set_active(len(self.calls))
         if self.records is not None:
             self.records.call_started(
                 ev.call_id, node=self.config.node.node_name, trunk=ev.trunk,
@@ -390,6 +416,8 @@ class BridgeServer:
             log.warning("call %s refused: %s", ev.call_id, exc)
             if self.records is not None:
                 self.records.call_ended(ev.call_id, outcome="rejected", end_reason=f"503 {exc}")
+            if self.metrics is not None:
+                self.metrics.call_ended("rejected", 0.0, 0, 0, 0.0, 0.0)
             call.ended = True  # the record is final: the CallEnded that follows adds nothing
             self._handle(ua.reject(ev.call_id, 503, loop.time()))
             return
@@ -426,6 +454,8 @@ class BridgeServer:
         )
         call.media = media
         call.answered_at = loop.time()
+        if self.metrics is not None:
+            self.metrics.call_answered(call.answered_at - call.started_at)
         if self.records is not None:
             remote = _hostport((params.remote_host, params.remote_port))
             self.records.call_answered(call_id, codec=neg.codec, agent=agent.name, remote=remote)
@@ -459,7 +489,15 @@ class BridgeServer:
             log.warning("call %s: media update not applied (%s)", call_id, exc)
 
     def _agent_event(self, call_id: str, event: AgentEvent) -> None:
-        if isinstance(event, HangupEvent):
+        if isinstance(event, TurnCompleted):
+            if self.records is not None:
+                self.records.turn(
+                    call_id, caller_text=event.caller_text, agent_text=event.agent_text,
+                    timings={**event.stages_ms, "barged_in": event.barged_in},
+                )  # fmt: skip
+            if self.metrics is not None:
+                self.metrics.turn(event.stages_ms)
+        elif isinstance(event, HangupEvent):
             self._hangup(call_id, event.reason or "agent hung up")
         elif isinstance(event, TransferRequest) and self.ua is not None:
             log.info("call %s: the agent asks for a transfer to %s", call_id, event.target)
@@ -489,6 +527,24 @@ class BridgeServer:
             )  # fmt: skip
             media = call.media.stats if call.media is not None else None
             self.records.call_ended(call.call_id, outcome=outcome, end_reason=reason, media=media)
+        if self.metrics is not None:
+            self._metrics_ended(call, by)
+
+    def _metrics_ended(self, call: _Call, by: str) -> None:
+        assert self.metrics is not None
+        self.metrics.set_active(len(self.calls))
+        if call.media is None:
+            outcome = "cancelled" if by == "remote" else "failed"
+            self.metrics.call_ended(outcome, 0.0, 0, 0, 0.0, 0.0)
+            return
+        st = call.media.stats
+        jb = st.jitter
+        expected = jb.received + jb.lost
+        duration = asyncio.get_running_loop().time() - (call.answered_at or call.started_at)
+        self.metrics.call_ended(
+            "answered", duration, st.pacer_late_frames + st.pacer_skipped_frames,
+            st.packets_out, jb.current_delay_ms, 100.0 * jb.lost / expected if expected else 0.0,
+        )  # fmt: skip
 
     # -- status (``sip-bridge status``) --------------------------------------------------------
 

@@ -22,7 +22,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.base import AgentEvent, AgentOutput, CallInfo, DtmfEvent, TransferRequest, TransferResult
+from agent.base import (
+    AgentEvent,
+    AgentOutput,
+    CallInfo,
+    DtmfEvent,
+    TransferRequest,
+    TransferResult,
+    TurnCompleted,
+)
 from agent.profile import load_profile
 from agent.sentences import split_sentences
 from agent.voice import VoiceAgent, VoiceSettings
@@ -438,8 +446,15 @@ async def test_transfer_waits_for_the_reply_to_play_and_a_failed_one_apologises(
         assert c.out.of("emit") == []  # written is not played
         await c.drain()
         target = "sip:agent@127.0.0.1:5070"
-        emitted = [(written_at + _ticks(split_sentences(reply)), TransferRequest(target))]
-        assert c.out.of("emit") == emitted and c.out.of("hangup") == []
+        played_at = written_at + _ticks(split_sentences(reply))
+        (transfer, done) = c.out.of("emit")
+        assert transfer == (played_at, TransferRequest(target)) and c.out.of("hangup") == []
+        # then the turn is reported: what the caller said, what was played, the stages
+        turn = done[1]
+        assert done[0] == played_at and isinstance(turn, TurnCompleted)
+        assert turn.caller_text == "can I talk to a real person" and turn.agent_text == reply
+        assert set(turn.stages_ms) == {"end_of_turn", "asr_tail", "dialogue", "tts_first_audio"}
+        assert not turn.barged_in
         # the colleague's line is busy: the agent apologises and listens again
         n = len(c.out.writes)
         c.agent.on_event(TransferResult(target, "failed", 486))

@@ -24,6 +24,7 @@ from agent.voice import VoiceAgent
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config import BridgeConfig, load_config
+from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,13 +42,15 @@ def _quiet_gc() -> Iterator[None]:
 
 
 @pytest.fixture(scope="module")
-def config() -> BridgeConfig:
+def config(tmp_path_factory: pytest.TempPathFactory) -> BridgeConfig:
     cfg = load_config(ROOT / "config" / "bridge.toml")
     low, high = random_port_range(40, 32000, 39000)
+    db = tmp_path_factory.mktemp("records") / "calls.sqlite"
     cfg = replace(
         cfg,
         sip=replace(cfg.sip, listen="127.0.0.1:0"),
         rtp=replace(cfg.rtp, ports=f"{low}-{high}"),
+        records=replace(cfg.records, enabled=True, db=str(db)),
     )
     prepare_agents(cfg)  # load and warm the models once for the module
     return cfg
@@ -136,6 +139,14 @@ def test_caller_asks_the_opening_hours_and_hears_them(config: BridgeConfig, code
     # "We're open Monday to Friday, 8 a.m. to 6 p.m., and Saturday 9 to 1."
     ok = "monday" in answer and "friday" in answer and "saturday" in answer
     assert ok, f"the bridge heard {heard!r} and answered {answer!r}"
+    # the call record holds the turn: what the caller said, what was played, the stages
+    records = CallRecords(config.records.db, readonly=True)
+    call = records.show(records.list(limit=1)[0]["call_id"])
+    records.close()
+    assert call is not None and call["call"]["outcome"] == "answered"
+    turn = call["turns"][-1]
+    assert "hours" in turn["caller_text"].lower() and "Monday" in turn["agent_text"], turn
+    assert turn["timings"]["end_of_turn"] > 0 and not turn["timings"]["barged_in"]
 
 
 def test_order_status_over_two_turns_with_a_spoken_order_number(config: BridgeConfig) -> None:
