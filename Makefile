@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # Debian packages the build and the tests need (checked one by one with dpkg).
 # gcc and python3-dev compile the media path (mypyc); without them it runs as Python.
+# kamailio and mosquitto are test peers: their system services are disabled after install
+# (Debian starts kamailio on port 5060, the bridge's).
 APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox \
 	mosquitto kamailio
 LOCK := requirements.lock
@@ -30,6 +32,11 @@ apt:
 	  echo "installing Debian packages:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO="sudo"; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	  for svc in kamailio mosquitto; do \
+	    case " $$missing " in *" $$svc "*) \
+	      command -v systemctl >/dev/null && $$SUDO systemctl disable --now $$svc 2>/dev/null || true;; \
+	    esac; \
+	  done; \
 	fi
 
 venv:

@@ -24,6 +24,9 @@ __all__ = [
     "CallInfo",
     "DtmfEvent",
     "HangupEvent",
+    "PauseAgent",
+    "ResumeAgent",
+    "SayText",
     "TransferRequest",
     "TransferResult",
     "TurnCompleted",
@@ -67,7 +70,10 @@ class TransferRequest:
 
 
 # A string: TransferResult is defined at the end of the module.
-AgentEvent: TypeAlias = "DtmfEvent | HangupEvent | TransferRequest | TransferResult | TurnCompleted"
+AgentEvent: TypeAlias = (
+    "DtmfEvent | HangupEvent | TransferRequest | TransferResult | TurnCompleted | SayText"
+    " | PauseAgent | ResumeAgent"
+)
 
 
 class AgentOutput(abc.ABC):
@@ -109,6 +115,9 @@ class Agent(abc.ABC):
     name: str = "agent"
     #: Rate of the PCM the agent receives and writes.
     sample_rate: int = DEFAULT_SAMPLE_RATE
+    #: Whether it acts on an operator's :class:`SayText`, :class:`PauseAgent` and
+    #: :class:`ResumeAgent` (the bridge answers other agents' commands with an error).
+    takes_commands: bool = False
 
     @abc.abstractmethod
     async def start(self, call: CallInfo, output: AgentOutput) -> None:
@@ -136,6 +145,25 @@ class TurnCompleted:
     agent_text: str
     stages_ms: dict[str, float]
     barged_in: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SayText:
+    """To the agent, from an operator (an MQTT command): say this now, cutting short what
+    it is saying. Agents that do not speak ignore it (:attr:`Agent.takes_commands`)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class PauseAgent:
+    """To the agent, from an operator: stop listening and answering (a person takes over)
+    until :class:`ResumeAgent`; what it is saying stops."""
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeAgent:
+    """To the agent, from an operator: listen and answer again."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,9 @@ from agent.base import (
     CallInfo,
     DtmfEvent,
     HangupEvent,
+    PauseAgent,
+    ResumeAgent,
+    SayText,
     TransferRequest,
     TransferResult,
     TurnCompleted,
@@ -94,6 +97,7 @@ class TurnTiming:
 class VoiceAgent(Agent):
     name = "voice"
     sample_rate = RATE
+    takes_commands = True
 
     def __init__(
         self,
@@ -116,6 +120,7 @@ class VoiceAgent(Agent):
         )
         self.engine: DialogueEngine | None = None
         self.turns: list[TurnTiming] = []
+        self.paused = False  # an operator paused us (MQTT command): no listening, no turns
         self.barge_ins = 0  # replies cut short by the caller (speech or a key)
         self.events: list[AgentEvent] = []
         self._out: AgentOutput | None = None
@@ -173,6 +178,8 @@ class VoiceAgent(Agent):
         self._heard.append(float(np.mean(pcm.astype(np.float64) ** 2)))
         if self._drained is not None and not self.playout.playing:
             self._drained.set()
+        if self.paused:  # an operator took over: the caller is not talking to us
+            return
         self._vad.push(pcm)
         if self._user_speaking:
             self._last_speech_t = now
@@ -222,6 +229,20 @@ class VoiceAgent(Agent):
                 self._interrupt_with(back)
         elif isinstance(event, HangupEvent):
             self._cancel.set()
+        elif isinstance(event, SayText):
+            self._drop_speculation()
+            self._interrupt_with([Say(event.text)])
+        elif isinstance(event, PauseAgent) and not self.paused:
+            self.paused = True
+            self._drop_speculation()
+            if self._busy:
+                self._barge_in()  # stop talking, on the wire too
+            self._busy = False
+        elif isinstance(event, ResumeAgent) and self.paused:
+            self.paused = False
+            self._stt.reset()  # what was said meanwhile was not said to us
+            self._eot.reset()
+            self._speech_ticks = self._quiet = 0
 
     async def stop(self) -> None:
         self._closed = True

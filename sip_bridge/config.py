@@ -8,6 +8,7 @@ with the file, the line, the key and what is allowed; unknown keys are errors
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import tempfile
@@ -31,6 +32,7 @@ __all__ = [
     "InboundConfig",
     "JitterConfig",
     "MetricsConfig",
+    "MqttConfig",
     "NodeConfig",
     "RecordsConfig",
     "RtpConfig",
@@ -193,6 +195,19 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class MqttConfig:
+    """Call events out and operator commands in over MQTT (off unless enabled)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str = ""
+    password_env: str = ""  # the password comes from this environment variable
+    spool_dir: str = ""  # empty: $SIP_BRIDGE_DATA/mqtt-spool, else ~/.local/share/sip-bridge/
+    keepalive_s: int = 30
+
+
+@dataclass(frozen=True)
 class BridgeConfig:
     sip: SipConfig = field(default_factory=SipConfig)
     rtp: RtpConfig = field(default_factory=RtpConfig)
@@ -206,6 +221,7 @@ class BridgeConfig:
     node: NodeConfig = field(default_factory=NodeConfig)
     records: RecordsConfig = field(default_factory=RecordsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
     path: str = "<defaults>"
 
     def for_route(self, route: RouteConfig | None) -> BridgeConfig:
@@ -324,6 +340,15 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "node": {"name": (str,)},
     "records": {"enabled": (bool,), "db": (str,)},
     "metrics": {"listen": (str,)},
+    "mqtt": {
+        "enabled": (bool,),
+        "host": (str,),
+        "port": (int,),
+        "username": (str,),
+        "password_env": (str,),
+        "spool_dir": (str,),
+        "keepalive_s": (int,),
+    },
     "trunks": {},  # an array of tables: checked by sip_bridge.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.routes
 }
@@ -540,6 +565,17 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     metrics = MetricsConfig(**data.get("metrics", {}))
     if metrics.listen:
         _check_hostport(metrics.listen, p, _line_of(text, "metrics", "listen"), "metrics.listen")
+    mqtt = MqttConfig(**data.get("mqtt", {}))
+    if not 1 <= mqtt.port <= 65535:
+        raise ConfigError(p, _line_of(text, "mqtt", "port"), "mqtt.port", "must be 1..65535")
+    if not 5 <= mqtt.keepalive_s <= 3600:
+        line = _line_of(text, "mqtt", "keepalive_s")
+        raise ConfigError(p, line, "mqtt.keepalive_s", "must be 5..3600 s")
+    if mqtt.enabled and mqtt.password_env and mqtt.password_env not in os.environ:
+        line = _line_of(text, "mqtt", "password_env")
+        raise ConfigError(p, line, "mqtt.password_env", f"{mqtt.password_env} is not set")
+    if mqtt.spool_dir and not Path(mqtt.spool_dir).is_absolute():
+        mqtt = replace(mqtt, spool_dir=str(Path(p).resolve().parent / mqtt.spool_dir))
     trunks = parse_trunks(data.get("trunks", []), text, p)
     routes = parse_routes(data.get("routes", []), text, p, AGENTS, trunks)
     for i, route in enumerate(routes):
@@ -568,6 +604,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         node=node,
         records=records,
         metrics=metrics,
+        mqtt=mqtt,
         inbound=inbound,
         control=control,
         path=p,

@@ -94,6 +94,7 @@ class CallMedia:
         self.codec = CODECS[params.payload_type]
         self.call = call or CallInfo(call_id="", codec=self.codec.name)
         self.on_agent_event = on_agent_event
+        self.on_caller_dtmf: Callable[[DtmfEvent], None] | None = None  # for call records
         self.hangup_requested: str | None = None
         self.frame_samples = RATE * params.ptime_ms // 1000
         self.jb = JitterBuffer(
@@ -278,7 +279,10 @@ class CallMedia:
     def _deliver_digits(self, digits: list[DtmfDigit]) -> None:
         for d in digits:
             self.dtmf_digits += 1
-            self._event_to_agent(DtmfEvent(d.digit, d.duration_ms))
+            event = DtmfEvent(d.digit, d.duration_ms)
+            self._event_to_agent(event)
+            if self.on_caller_dtmf is not None:
+                self.on_caller_dtmf(event)
 
     def _event_to_agent(self, event: AgentEvent) -> None:
         try:

@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from agent.base import (
@@ -22,6 +24,9 @@ from agent.base import (
     CallInfo,
     DtmfEvent,
     HangupEvent,
+    PauseAgent,
+    ResumeAgent,
+    SayText,
     TransferRequest,
     TransferResult,
     TurnCompleted,
@@ -29,11 +34,14 @@ from agent.base import (
 from sip_bridge import __version__
 from sip_bridge.admission import InboundPolicy
 from sip_bridge.agents import load_agent_models, make_agent
+from sip_bridge.call_events import Command, Hangup, Pause, Resume, Say, Transfer
+from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
 from sip_bridge.config import BridgeConfig, parse_hostport
 from sip_bridge.control import ControlServer
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
 from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.metrics import BridgeMetrics, MetricsServer
+from sip_bridge.mqtt_link import MqttLink
 from sip_bridge.native import require_fresh
 from sip_bridge.offer_answer import NegotiatedMedia
 from sip_bridge.records import CallRecords
@@ -80,6 +88,7 @@ class _Call:
     answered_at: float | None = None
     config: BridgeConfig | None = None  # the call's own: its route's agent (a reload leaves it)
     route: str | None = None  # the [[routes]] entry that picked the agent; None: the default
+    facts: CallFacts | None = None  # what telemetry reports of it
 
 
 class BridgeServer:
@@ -111,9 +120,10 @@ class BridgeServer:
         self._want_control = control  # `sip-bridge run` serves `sip-bridge status`
         self._started_at = 0.0
         self.media_path = "python"  # or "compiled" (mypyc): see sip_bridge.native
-        self.records: CallRecords | None = None  # [records] enabled: the calls' CDRs
-        self.metrics: BridgeMetrics | None = None  # [metrics] listen: Prometheus, /healthz
+        # records, metrics, events: off until start() opens what the config asks for
+        self.telemetry = CallTelemetry(config.node.node_name, active=lambda: len(self.calls))
         self._metrics_http: MetricsServer | None = None
+        self.mqtt: MqttLink | None = None  # [mqtt] enabled: events out, commands in
         self.ready = False  # models loaded and listening: /healthz says ok
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -122,9 +132,11 @@ class BridgeServer:
         sip = self.config.sip
         self.media_path = require_fresh().mode  # a stale compiled module: refuse, say why
         if self.config.records.enabled:  # a store that cannot open stops the start (1 line)
-            self.records = CallRecords(self.config.records.db or default_db_path())
+            self.telemetry.records = CallRecords(self.config.records.db or default_db_path())
         if self.config.metrics.listen:  # up first: /healthz says "starting" while models load
             await self._start_metrics()
+        if self.config.mqtt.enabled:  # connects in the background; events spool meanwhile
+            await self._start_mqtt()
         if self.media_path != "compiled":
             log.warning("media path runs as Python (2.5x the CPU per call): `make native`")
         if self.agent_factory is make_agent:  # models load before we listen, for every route
@@ -176,14 +188,52 @@ class BridgeServer:
 
     async def _start_metrics(self) -> None:
         host, port = parse_hostport(self.config.metrics.listen)
-        self.metrics = BridgeMetrics()
-        self.metrics.media_path(self.media_path)
-        http = MetricsServer(host, port, self.metrics, ready=lambda: self.ready)
+        metrics = self.telemetry.metrics = BridgeMetrics()
+        metrics.media_path(self.media_path)
+        http = MetricsServer(host, port, metrics, ready=lambda: self.ready)
         try:
             await http.start()
         except OSError as exc:
             raise TransportError(f"metrics.listen {host}:{port}: {exc.strerror}") from None
         self._metrics_http = http
+
+    async def _start_mqtt(self) -> None:
+        m = self.config.mqtt
+        spool = m.spool_dir or str(Path(default_db_path()).parent / "mqtt-spool")
+        link = MqttLink(
+            m.host, m.port, self.config.node.node_name, spool, self._on_command,
+            username=m.username or None,
+            password=os.environ.get(m.password_env) if m.password_env else None,
+            keepalive=m.keepalive_s,
+        )  # fmt: skip
+        await link.start()
+        self.mqtt = link
+        self.telemetry.events = link.publish
+
+    def _on_command(self, call_id: str, command: Command) -> None:
+        """An operator's command for one call (MQTT); ValueError becomes an error event."""
+        call = self.calls.get(call_id)
+        if call is None or call.ended:
+            raise ValueError(f"no call {call_id} in progress here")
+        log.info("call %s: operator command %s", call_id, command)
+        if isinstance(command, Hangup):
+            self._hangup(call_id, "operator hung up")
+            return
+        if isinstance(command, Transfer):
+            assert self.ua is not None
+            now = asyncio.get_running_loop().time()
+            self._handle(self.ua.transfer(call_id, command.target, now))
+            return
+        agent = call.media.agent if call.media is not None else None
+        if agent is None or not agent.takes_commands:
+            name = agent.name if agent is not None else "(not answered yet)"
+            raise ValueError(f"agent {name} does not take {type(command).__name__.lower()}")
+        if isinstance(command, Say):
+            agent.on_event(SayText(command.text))
+        elif isinstance(command, Pause):
+            agent.on_event(PauseAgent())
+        elif isinstance(command, Resume):
+            agent.on_event(ResumeAgent())
 
     async def _start_registrations(self, now: float) -> None:
         ports = {"udp": self.port, "tcp": self.port}
@@ -288,10 +338,11 @@ class BridgeServer:
         if self._timer is not None:
             self._timer.cancel()
         await self.transport.close()
-        if self.records is not None:
-            self.records.close()
+        self.telemetry.close()
         if self._metrics_http is not None:
             await self._metrics_http.stop()
+        if self.mqtt is not None:  # the last events (ended) go out if the broker is there
+            await self.mqtt.stop(drain_timeout=2.0)
 
     def _registrar_addresses(self, trunk: str, addresses: Iterable[str]) -> None:
         if self.policy is not None:  # the current one: a reload replaces it
@@ -359,6 +410,7 @@ class BridgeServer:
                 call = self.calls.get(ev.call_id)
                 if call is not None and call.media is not None:
                     call.media.agent.on_event(DtmfEvent(ev.digit))
+                    self.telemetry.event(ev.call_id, "dtmf", digit=ev.digit, via="info")
             elif isinstance(ev, MediaUpdated):
                 self._media_updated(ev.call_id, ev.media)
             elif isinstance(ev, TransferProgress):
@@ -366,6 +418,11 @@ class BridgeServer:
                     "call %s: transfer to %s %s (%s)", ev.call_id, ev.target, ev.outcome, ev.reason
                 )
                 call = self.calls.get(ev.call_id)
+                if ev.final:
+                    self.telemetry.event(
+                        ev.call_id, "transfer", target=ev.target, outcome=ev.outcome,
+                        status=ev.status, reason=ev.reason,
+                    )  # fmt: skip
                 if ev.final and call is not None and call.media is not None:
                     result = TransferResult(ev.target, "failed", ev.status, ev.reason)
                     if ev.outcome == "succeeded":
@@ -395,15 +452,11 @@ class BridgeServer:
         route = match_route(self.config.routes, ev.request_uri, ev.from_uri, ev.trunk, headers)
         call.config = self.config.for_route(route)
         call.route = route.name if route is not None else None
-        if self.metrics is not None:
-            self.metrics.call_offered(ev.trunk)
-            self.metrics.set_active(len(self.calls))
-        if self.records is not None:
-            self.records.call_started(
-                ev.call_id, node=self.config.node.node_name, trunk=ev.trunk,
-                caller=ev.from_uri, callee=ev.request_uri, remote=_hostport(ev.source),
-                agent=call.config.agent.name,
-            )  # fmt: skip
+        call.facts = CallFacts(
+            ev.call_id, ev.from_uri, ev.request_uri, ev.trunk, call.route,
+            call.config.agent.name, hostport(ev.source),
+        )  # fmt: skip
+        self.telemetry.offered(call.facts)
         if ev.trunk or route is not None:
             log.info(
                 "call %s from %s on trunk %s, route %s: agent %s", ev.call_id, ev.source,
@@ -414,10 +467,7 @@ class BridgeServer:
             call.lease = await reserve_rtp_port(self.pool, self.media_host)
         except PortsExhausted as exc:
             log.warning("call %s refused: %s", ev.call_id, exc)
-            if self.records is not None:
-                self.records.call_ended(ev.call_id, outcome="rejected", end_reason=f"503 {exc}")
-            if self.metrics is not None:
-                self.metrics.call_ended("rejected", 0.0, 0, 0, 0.0, 0.0)
+            self.telemetry.ended(call.facts, "rejected", f"503 {exc}")
             call.ended = True  # the record is final: the CallEnded that follows adds nothing
             self._handle(ua.reject(ev.call_id, 503, loop.time()))
             return
@@ -454,11 +504,12 @@ class BridgeServer:
         )
         call.media = media
         call.answered_at = loop.time()
-        if self.metrics is not None:
-            self.metrics.call_answered(call.answered_at - call.started_at)
-        if self.records is not None:
-            remote = _hostport((params.remote_host, params.remote_port))
-            self.records.call_answered(call_id, codec=neg.codec, agent=agent.name, remote=remote)
+        media.on_caller_dtmf = lambda e: self.telemetry.event(
+            call_id, "dtmf", digit=e.digit, duration_ms=round(e.duration_ms, 1), via="rfc4733"
+        )
+        if call.facts is not None:
+            remote = hostport((params.remote_host, params.remote_port))
+            self.telemetry.answered(call.facts, neg.codec, remote, agent.name)
         await media.start()
         if call.ended:  # hung up while the media was starting: _teardown saw no media yet
             await media.close("ended during setup")
@@ -490,13 +541,7 @@ class BridgeServer:
 
     def _agent_event(self, call_id: str, event: AgentEvent) -> None:
         if isinstance(event, TurnCompleted):
-            if self.records is not None:
-                self.records.turn(
-                    call_id, caller_text=event.caller_text, agent_text=event.agent_text,
-                    timings={**event.stages_ms, "barged_in": event.barged_in},
-                )  # fmt: skip
-            if self.metrics is not None:
-                self.metrics.turn(event.stages_ms)
+            self.telemetry.turn(call_id, event)
         elif isinstance(event, HangupEvent):
             self._hangup(call_id, event.reason or "agent hung up")
         elif isinstance(event, TransferRequest) and self.ua is not None:
@@ -521,30 +566,12 @@ class BridgeServer:
             self.finished.append(call.media.stats)
         elif call.lease is not None and not call.lease.transport.is_closing():
             await call.lease.aclose()
-        if self.records is not None:
+        if call.facts is not None:
             outcome = "answered" if call.media is not None else (
                 "cancelled" if by == "remote" else "failed"
             )  # fmt: skip
             media = call.media.stats if call.media is not None else None
-            self.records.call_ended(call.call_id, outcome=outcome, end_reason=reason, media=media)
-        if self.metrics is not None:
-            self._metrics_ended(call, by)
-
-    def _metrics_ended(self, call: _Call, by: str) -> None:
-        assert self.metrics is not None
-        self.metrics.set_active(len(self.calls))
-        if call.media is None:
-            outcome = "cancelled" if by == "remote" else "failed"
-            self.metrics.call_ended(outcome, 0.0, 0, 0, 0.0, 0.0)
-            return
-        st = call.media.stats
-        jb = st.jitter
-        expected = jb.received + jb.lost
-        duration = asyncio.get_running_loop().time() - (call.answered_at or call.started_at)
-        self.metrics.call_ended(
-            "answered", duration, st.pacer_late_frames + st.pacer_skipped_frames,
-            st.packets_out, jb.current_delay_ms, 100.0 * jb.lost / expected if expected else 0.0,
-        )  # fmt: skip
+            self.telemetry.ended(call.facts, outcome, reason, media)
 
     # -- status (``sip-bridge status``) --------------------------------------------------------
 
@@ -595,11 +622,6 @@ class BridgeServer:
             "media_path": self.media_path,
             "calls": calls,
         }
-
-
-def _hostport(addr: tuple[str, int]) -> str:
-    host, port = addr[0], addr[1]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def settle_heap() -> None:

@@ -1,0 +1,143 @@
+"""What the bridge tells the outside world about its calls: call records (SQLite), metrics
+(Prometheus) and call events (MQTT), from one place.
+
+Why one place: the server has a handful of moments in a call's life (offered, answered,
+a turn, ended) and each sink wants the same facts in its own shape; the server calls
+:class:`CallTelemetry` once per moment and never waits on a sink (records are small
+autocommitted writes, metrics are counters, events are spooled by their link).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from agent.base import TurnCompleted
+
+if TYPE_CHECKING:
+    from sip_bridge.media_params import MediaStats
+    from sip_bridge.metrics import BridgeMetrics
+    from sip_bridge.records import CallRecords
+
+__all__ = ["CallFacts", "CallTelemetry", "EventSink", "hostport"]
+
+log = logging.getLogger(__name__)
+
+#: ``publish(call_id, event, fields)``: a call event out (MQTT), never blocking.
+EventSink = Callable[[str, str, dict[str, Any]], object]
+
+
+def hostport(addr: tuple[str, int]) -> str:
+    host, port = addr[0], addr[1]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass
+class CallFacts:
+    """What is known of one call, as the telemetry reports it."""
+
+    call_id: str
+    caller: str
+    callee: str
+    trunk: str | None
+    route: str | None
+    agent: str
+    remote: str  # where the INVITE came from; then where the media goes
+    started: float = field(default_factory=time.time)  # wall clock, for records and events
+    answered: float | None = None
+    codec: str = ""
+
+
+@dataclass
+class CallTelemetry:
+    node: str
+    records: CallRecords | None = None
+    metrics: BridgeMetrics | None = None
+    events: EventSink | None = None
+    active: Callable[[], int] = lambda: 0
+    event_errors: int = 0
+
+    def offered(self, c: CallFacts) -> None:
+        if self.metrics is not None:
+            self.metrics.call_offered(c.trunk)
+            self.metrics.set_active(self.active())
+        if self.records is not None:
+            self.records.call_started(
+                c.call_id, node=self.node, trunk=c.trunk, caller=c.caller, callee=c.callee,
+                remote=c.remote, agent=c.agent, at=c.started,
+            )  # fmt: skip
+        self._event(c.call_id, "started", caller=c.caller, callee=c.callee, trunk=c.trunk,
+                    route=c.route, agent=c.agent, remote=c.remote)  # fmt: skip
+
+    def answered(self, c: CallFacts, codec: str, remote: str, agent: str) -> None:
+        c.answered, c.codec, c.remote, c.agent = time.time(), codec, remote, agent
+        setup_s = c.answered - c.started
+        if self.metrics is not None:
+            self.metrics.call_answered(setup_s)
+        if self.records is not None:
+            self.records.call_answered(c.call_id, codec=codec, agent=agent, remote=remote,
+                                       at=c.answered)  # fmt: skip
+        self._event(c.call_id, "answered", codec=codec, remote=remote, agent=agent,
+                    setup_ms=round(1000 * setup_s, 1))  # fmt: skip
+
+    def turn(self, call_id: str, t: TurnCompleted) -> None:
+        if self.records is not None:
+            self.records.turn(call_id, caller_text=t.caller_text, agent_text=t.agent_text,
+                              timings={**t.stages_ms, "barged_in": t.barged_in})  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.turn(t.stages_ms)
+        self._event(call_id, "turn", caller_text=t.caller_text, agent_text=t.agent_text,
+                    stages_ms=t.stages_ms, barged_in=t.barged_in)  # fmt: skip
+
+    def event(self, call_id: str, kind: str, **fields: Any) -> None:
+        """A line in the call's timeline (dtmf, transfer...): records and events."""
+        if self.records is not None:
+            self.records.event(call_id, kind, fields)
+        self._event(call_id, kind, **fields)
+
+    def ended(
+        self, c: CallFacts, outcome: str, reason: str, media: MediaStats | None = None
+    ) -> None:
+        now = time.time()
+        duration = now - c.answered if c.answered is not None else 0.0
+        if self.records is not None:
+            self.records.call_ended(c.call_id, outcome=outcome, end_reason=reason, media=media,
+                                    at=now)  # fmt: skip
+        figures: dict[str, Any] = {}
+        if media is not None:
+            jb = media.jitter
+            expected = jb.received + jb.lost
+            figures = {
+                "packets_in": media.packets_in,
+                "packets_out": media.packets_out,
+                "late_frames": media.pacer_late_frames + media.pacer_skipped_frames,
+                "jitter_ms": round(jb.jitter_ms, 2),
+                "jb_delay_ms": round(jb.current_delay_ms, 1),
+                "loss_pct": round(100.0 * jb.lost / expected, 3) if expected else 0.0,
+            }
+        if self.metrics is not None:
+            self.metrics.set_active(self.active())
+            self.metrics.call_ended(
+                outcome, duration, figures.get("late_frames", 0), figures.get("packets_out", 0),
+                figures.get("jb_delay_ms", 0.0), figures.get("loss_pct", 0.0),
+            )  # fmt: skip
+        self._event(c.call_id, "ended", outcome=outcome, reason=reason, caller=c.caller,
+                    callee=c.callee, trunk=c.trunk, route=c.route, agent=c.agent,
+                    codec=c.codec, started_at=c.started, answered_at=c.answered, ended_at=now,
+                    duration_s=round(duration, 3), **figures)  # fmt: skip
+
+    def _event(self, call_id: str, kind: str, **fields: Any) -> None:
+        if self.events is not None:
+            try:
+                self.events(call_id, kind, fields)
+            except (ValueError, TypeError) as exc:  # a Call-ID no topic can carry, say
+                self.event_errors += 1
+                if self.event_errors <= 3:
+                    log.warning("call %s: event %s not sent: %s", call_id, kind, exc)
+
+    def close(self) -> None:
+        if self.records is not None:
+            self.records.close()

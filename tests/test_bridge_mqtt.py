@@ -1,0 +1,103 @@
+"""A bridge with [mqtt] on: a real call's events reach a subscriber, an operator's commands
+reach the call (hang up; say to an agent that cannot speak gets an error event)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import wave
+from pathlib import Path
+from typing import Any
+
+import aiomqtt
+import numpy as np
+from mosquitto_runner import Mosquitto
+
+from sip_bridge.caller import CallOptions, place_call
+from sip_bridge.config import load_config
+from sip_bridge.server import BridgeServer
+
+
+def _wav(path: Path) -> Path:
+    t = np.arange(8000) / 8000
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes((6000 * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes())
+    return path
+
+
+def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
+    broker = Mosquitto(tmp_path / "broker")
+    broker.start()
+    f = tmp_path / "bridge.toml"
+    f.write_text(
+        '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "45600-45699"\n'
+        '[agent]\nname = "echo"\n[node]\nname = "node-a"\n'
+        f'[mqtt]\nenabled = true\nport = {broker.port}\nspool_dir = "spool"\n'
+    )
+    play = _wav(tmp_path / "a.wav")
+
+    async def main() -> tuple[list[dict[str, Any]], float]:
+        got: list[dict[str, Any]] = []
+        server = BridgeServer(load_config(f))
+        await server.start()
+        try:
+            async with aiomqtt.Client("127.0.0.1", broker.port, identifier="ops") as ops:
+                await ops.subscribe("sipbridge/node-a/calls/#", qos=1)
+                for _ in range(100):  # the bridge's link is up (its command subscription too)
+                    if server.mqtt is not None and server.mqtt.connected:
+                        break
+                    await asyncio.sleep(0.05)
+                call = asyncio.ensure_future(place_call(CallOptions(
+                    f"sip:7000@127.0.0.1:{server.port}", play, tmp_path / "heard.wav",
+                    duration_s=20.0, rtp_ports=(45700, 45799),
+                )))  # fmt: skip
+                loop = asyncio.get_running_loop()
+                hung_up_at = 0.0
+
+                async def consume() -> None:
+                    nonlocal hung_up_at
+                    async for msg in ops.messages:
+                        event = json.loads(bytes(msg.payload))
+                        event["topic"] = str(msg.topic)
+                        got.append(event)
+                        cmd = f"sipbridge/node-a/cmd/{event['call_id']}"
+                        if event["event"] == "answered":  # an operator acts on the call
+                            say = {"cmd": "say", "text": "hello"}
+                            await ops.publish(cmd, json.dumps(say), qos=1)
+                            await ops.publish(cmd, "not json", qos=1)
+                        elif event["event"] == "error" and not hung_up_at:
+                            hung_up_at = loop.time()
+                            await ops.publish(cmd, json.dumps({"cmd": "hangup"}), qos=1)
+                        elif event["event"] == "ended":
+                            return
+
+                await asyncio.wait_for(consume(), 15)
+                result = await call
+                assert result.answered
+                return got, result.recorded_s
+        finally:
+            await server.stop()
+
+    try:
+        events, recorded_s = asyncio.run(main())
+    finally:
+        broker.stop()
+    kinds = [e["event"] for e in events]
+    assert kinds[:2] == ["started", "answered"] and kinds[-1] == "ended", kinds
+    assert kinds.count("error") == 2, kinds  # "say" to an echo, and the garbage
+    errors = " ".join(json.dumps(e) for e in events if e["event"] == "error")
+    assert "does not take say" in errors
+    call_id = events[0]["call_id"]
+    assert all(e["call_id"] == call_id and e["node"] == "node-a" for e in events)
+    seqs = [e["seq"] for e in events]
+    assert seqs == sorted(seqs) and len(set(seqs)) == len(seqs)  # in order, once each
+    started, answered, ended = events[0], events[1], events[-1]
+    assert started["topic"] == f"sipbridge/node-a/calls/{call_id}/started"
+    assert "7000" in started["callee"] and started["agent"] == "echo"
+    assert answered["codec"] == "PCMU" and answered["setup_ms"] >= 0
+    assert ended["outcome"] == "answered" and ended["reason"] == "operator hung up"
+    assert ended["packets_out"] > 0 and ended["schema"] == 1
+    assert recorded_s < 15  # the hangup ended the 20 s call early
