@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from agent.business_hours import BusinessHours
+
 __all__ = [
     "Actions",
     "AgentProfile",
@@ -204,6 +206,7 @@ class AgentProfile:
     barge_in: BargeIn = field(default_factory=BargeIn)
     voice: Voice = field(default_factory=Voice)
     matching: Matching = field(default_factory=Matching)
+    hours: BusinessHours | None = None  # outside them, calls get hours.after_hours_profile
     path: str = ""
 
 

@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from agent.business_hours import BusinessHours, parse_hours
 from agent.profile import (
     BUILTINS,
     DTMF_KEYS,
@@ -51,6 +52,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     | {"replies": _LIST, "escalate_after": _INT},
     "barge_in": {"enabled": _BOOL, "min_speech_ms": _INT},
     "voice": {"length_scale": _NUM},
+    "hours": _keys(_STR, "timezone after_hours_profile mon tue wed thu fri sat sun")
+    | {"holidays": _LIST},
     "llm": _keys(_STR, "mode base_url model api_key_env system_prompt")
     | _keys(_NUM, "temperature timeout_s")
     | {"max_tokens": _INT},
@@ -213,6 +216,7 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
     for k, v in ma.items():
         ld.number("matching", k, v, 0.5, 1.0)
     return AgentProfile(
+        hours=_build_hours(ld, data.get("hours")),
         name=agent.get("name", Path(ld.path).stem),
         greeting=ld.template("agent", "greeting", agent["greeting"], known),
         intents=intents,
@@ -227,6 +231,24 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
         matching=matching,
         path=ld.path,
     )
+
+
+def _build_hours(ld: _Loader, raw: Any) -> BusinessHours | None:
+    if raw is None:
+        return None
+    hours = ld.table("hours", raw, "hours")
+    for key in ("timezone", "after_hours_profile"):
+        if key not in hours:
+            ld.fail("hours", key, "is required")
+    f = Path(hours["after_hours_profile"])
+    f = f if f.is_absolute() else Path(ld.path).resolve().parent / f  # relative to the profile
+    if not f.is_file():
+        ld.fail("hours", "after_hours_profile", f"no such file: {f}")
+    try:
+        return parse_hours(hours, str(f))
+    except ValueError as exc:
+        key, _, message = str(exc).partition(": ")
+        ld.fail("hours", key, message)
 
 
 def _opt(

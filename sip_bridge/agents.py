@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
@@ -49,6 +50,9 @@ def make_agent(config: BridgeConfig) -> Agent:
         from agent.voice import VoiceAgent
 
         models, profile = prepare_agents(config)
+        hours = profile.hours
+        if hours is not None and not hours.is_open(datetime.now(UTC)):
+            profile = _profile(hours.after_hours_profile)  # loaded at start: cached
         return VoiceAgent(models, profile, a.voice)
     if a.name == "speech_model":
         from agent.speech_to_speech import SpeechToSpeechAgent
@@ -96,10 +100,23 @@ def load_agent_models(config: BridgeConfig) -> None:
         _speech_model(config)
 
 
+def _profile(path: str) -> AgentProfile:
+    """A profile, loaded once per version of its file (an edit loads it anew)."""
+    from agent.profile import load_profile
+
+    try:
+        version = (path, Path(path).stat().st_mtime_ns)
+    except OSError:
+        version = (path, 0)  # load_profile says what is wrong with it
+    profile = _profiles.get(version)
+    if profile is None:
+        profile = _profiles[version] = load_profile(Path(path))
+    return profile
+
+
 def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:
     """Load (once) the voice models and the profile; the first call loads and warms them, so
     `BridgeServer.start()` calls this before it listens. Blocking: seconds on a cold start."""
-    from agent.profile import load_profile
     from agent.voice_models import VoiceModels
     from model_runtime.store import default_store
 
@@ -107,14 +124,9 @@ def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:
     with _lock:
         if m.dir:
             os.environ["SIP_BRIDGE_MODELS"] = m.dir  # before default_store() is first made
-        path = config.agent.voice_profile
-        try:
-            version = (path, Path(path).stat().st_mtime_ns)
-        except OSError:
-            version = (path, 0)  # load_profile says what is wrong with it
-        profile = _profiles.get(version)
-        if profile is None:
-            profile = _profiles[version] = load_profile(Path(path))
+        profile = _profile(config.agent.voice_profile)
+        if profile.hours is not None:  # a broken after-hours profile stops the start too
+            _profile(profile.hours.after_hours_profile)
         scale = profile.voice.length_scale
         key = (m, default_store().root, scale)
         models = _models.get(key)

@@ -190,3 +190,40 @@ def test_a_silent_node_times_out_and_the_call_fails_over(tmp_path: Path) -> None
             await live.stop()
 
     asyncio.run(asyncio.wait_for(main(), 40))
+
+
+def test_a_draining_node_gets_no_new_calls_and_finishes_its_own(tmp_path: Path) -> None:
+    """SIGTERM's drain: the node answers OPTIONS with 503, so the probe takes it out and new
+    calls go to the other node; its call in progress runs to its end, then it stops."""
+    scenario = write_proxy_scenario(tmp_path)
+
+    async def main() -> None:
+        a, b = await _nodes(_config("43000-43199"), _config("43200-43399"))
+        drained: BridgeServer | None = None
+        try:
+            async with Kamailio(
+                tmp_path, free_port(), [a.port, b.port],
+                ping_interval_s=PROBE_S, fr_timer_ms=FR_TIMER_MS,
+            ) as proxy:  # fmt: skip
+                long_call = asyncio.ensure_future(_calls(proxy, scenario, 1, hold_ms=5000))
+                deadline = time.monotonic() + 5
+                while not (a.calls or b.calls) and time.monotonic() < deadline:
+                    await asyncio.sleep(0.02)
+                drained, other = (a, b) if a.calls else (b, a)
+                drain = asyncio.ensure_future(drained.drain(timeout_s=20))
+                down = rf"sip-bridge node down: sip:127\.0\.0\.1:{drained.port}\b"
+                await proxy.wait_for_log(down, timeout=PROBE_S + FR_TIMER_MS / 1000 + 3)
+                before = dict(other.stats)
+                await _calls(proxy, scenario, 4, hold_ms=200)
+                assert other.stats["offered"] == before["offered"] + 4
+                assert drained.stats["offered"] == 1  # only the call it had
+                assert not drain.done()  # still finishing that call
+                await long_call  # sipp saw it through, to its own BYE
+                assert await asyncio.wait_for(drain, 10) == 0  # none left to hang up
+                assert drained.stats == {"offered": 1, "established": 1, "ended": 1}
+        finally:
+            for node in (a, b):
+                if node is not drained:
+                    await node.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 50))
