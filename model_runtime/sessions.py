@@ -15,11 +15,12 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 
+from model_runtime.observe import observers
 from model_runtime.store import ModelError
 
 __all__ = [
@@ -138,6 +139,7 @@ def create_session(
         _logged.add((name, used, threads))
     if first:
         log.info("model %s on %s (threads %d)", name, used, threads)
+    _time_runs(session, name, used)
     asked_gpu = any(p in _GPU_PROVIDERS for p in providers)
     if asked_gpu and used not in _GPU_PROVIDERS:
         msg = (
@@ -148,6 +150,20 @@ def create_session(
             raise ModelRuntimeError(msg)
         log.warning("%s", msg)
     return session
+
+
+def _time_runs(session: ort.InferenceSession, name: str, provider: str) -> None:
+    run = session.run
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return run(*args, **kwargs)
+        finally:
+            for observe in observers:  # model_runtime.observe: the bridge's metrics
+                observe(name, provider, time.perf_counter() - t0)
+
+    setattr(session, "run", timed)  # noqa: B010 (an instance's method, replaced)
 
 
 def providers_in_use() -> dict[str, str]:

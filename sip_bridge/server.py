@@ -31,6 +31,7 @@ from agent.base import (
     TransferResult,
     TurnCompleted,
 )
+from model_runtime.observe import set_inference_observer
 from sip_bridge import __version__
 from sip_bridge.admission import InboundPolicy
 from sip_bridge.agents import load_agent_models, make_agent
@@ -190,6 +191,7 @@ class BridgeServer:
         host, port = parse_hostport(self.config.metrics.listen)
         metrics = self.telemetry.metrics = BridgeMetrics()
         metrics.media_path(self.media_path)
+        set_inference_observer(metrics.model_inference)  # every model run, timed
         http = MetricsServer(host, port, metrics, ready=lambda: self.ready)
         try:
             await http.start()
@@ -341,6 +343,7 @@ class BridgeServer:
         self.telemetry.close()
         if self._metrics_http is not None:
             await self._metrics_http.stop()
+            set_inference_observer(None)
         if self.mqtt is not None:  # the last events (ended) go out if the broker is there
             await self.mqtt.stop(drain_timeout=2.0)
 

@@ -11,6 +11,7 @@ import onnxruntime  # type: ignore[import-untyped]
 import pytest
 from onnx import TensorProto, helper
 
+from model_runtime.observe import set_inference_observer
 from model_runtime.sessions import (
     CPU,
     CUDA,
@@ -177,3 +178,18 @@ def test_warm_up_returns_the_last_run_in_ms(tmp_path: Path) -> None:
     assert 0.0 < ms < 1000.0
     with pytest.raises(ValueError):
         warm_up(s, {"x": np.zeros(4, np.float32)}, runs=0)
+
+
+def test_every_run_is_reported_to_the_observer_while_one_is_set(tmp_path: Path) -> None:
+    s = create_session(_affine_model(tmp_path / "a.onnx"), name="timed", device="cpu")
+    seen: list[tuple[str, str, float]] = []
+    set_inference_observer(lambda *a: seen.append(a))
+    try:
+        x = {"x": np.array([1.0], np.float32)}
+        assert s.run(None, x)[0].tolist() == [3.0]  # the same results, timed
+        s.run(["y"], x)
+    finally:
+        set_inference_observer(None)
+    s.run(None, x)  # not reported any more
+    assert [(m, p) for m, p, _ in seen] == [("timed", CPU), ("timed", CPU)]
+    assert all(0 < t < 1 for _, _, t in seen)
