@@ -35,7 +35,9 @@ from dataclasses import dataclass
 
 SCHEMA = 1
 ROOT = "sipbridge"
-EVENTS = frozenset({"started", "answered", "turn", "dtmf", "transfer", "ended", "error"})
+EVENTS = frozenset(
+    {"started", "answered", "turn", "dtmf", "transfer", "recording", "ended", "error"}
+)
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_SEGMENT_CHARS = 256
 # the call id of an error event about a command whose topic names no usable call

@@ -185,6 +185,7 @@ class RecordsConfig:
 
     enabled: bool = False  # the shipped config/bridge.toml turns them on
     db: str = ""  # empty: $SIP_BRIDGE_DATA/calls.sqlite, else ~/.local/share/sip-bridge/
+    recordings_dir: str = ""  # a stereo WAV per call here (caller left, agent right); "": off
 
 
 @dataclass(frozen=True)
@@ -338,7 +339,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "inbound": {"rate_per_s": (int, float), "burst": (int,)},
     "control": {"socket": (str,), "reload_on_change": (bool,)},
     "node": {"name": (str,)},
-    "records": {"enabled": (bool,), "db": (str,)},
+    "records": {"enabled": (bool,), "db": (str,), "recordings_dir": (str,)},
     "metrics": {"listen": (str,)},
     "mqtt": {
         "enabled": (bool,),
@@ -562,6 +563,9 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     records = RecordsConfig(**data.get("records", {}))
     if records.db and not Path(records.db).is_absolute():
         records = replace(records, db=str(Path(p).resolve().parent / records.db))
+    if records.recordings_dir and not Path(records.recordings_dir).is_absolute():
+        where = str(Path(p).resolve().parent / records.recordings_dir)
+        records = replace(records, recordings_dir=where)
     metrics = MetricsConfig(**data.get("metrics", {}))
     if metrics.listen:
         _check_hostport(metrics.listen, p, _line_of(text, "metrics", "listen"), "metrics.listen")

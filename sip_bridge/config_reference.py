@@ -85,6 +85,7 @@ MEANINGS: dict[str, str] = {
     "node.name": "this bridge in call records and event topics; empty: the host name",
     "records.enabled": "call records in SQLite (`sip-bridge calls list|show`)",
     "records.db": "empty: `$SIP_BRIDGE_DATA/calls.sqlite`, else ~/.local/share/sip-bridge/",
+    "records.recordings_dir": "a stereo WAV per call here (caller left, agent right); empty: off",
     "metrics.listen": "`HOST:PORT` of `/metrics` and `/healthz`; empty: off",
     "mqtt.enabled": "call events out and commands in over MQTT",
     "mqtt.host": "the broker",

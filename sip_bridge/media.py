@@ -32,6 +32,7 @@ from numpy.typing import NDArray
 from agent.base import Agent, AgentEvent, CallInfo, DtmfEvent, HangupEvent
 from jitter import JitterBuffer, PlayoutBuffer
 from resample import Resampler
+from sip_bridge.call_recording import StereoRecorder
 from sip_bridge.dtmf import DtmfDigit, DtmfReceiver
 from sip_bridge.media_clock import TICK_S, MediaClock, media_clock
 from sip_bridge.media_io import (
@@ -95,6 +96,7 @@ class CallMedia:
         self.call = call or CallInfo(call_id="", codec=self.codec.name)
         self.on_agent_event = on_agent_event
         self.on_caller_dtmf: Callable[[DtmfEvent], None] | None = None  # for call records
+        self.recorder: StereoRecorder | None = None  # [records] recordings_dir: the WAV
         self.hangup_requested: str | None = None
         self.frame_samples = RATE * params.ptime_ms // 1000
         self.jb = JitterBuffer(
@@ -314,6 +316,8 @@ class CallMedia:
         # buffer is told when it really pops, and no lag adds to the grid's own 0..5 ms.
         nxt = next_tick(t, self._frame_s, jb.due_s, lag_s=_POP_LAG_S)
         self._rx_t = clock.grid_at_or_after(nxt) if clock is not None else nxt
+        if self.recorder is not None:
+            self.recorder.caller(frame)
         return frame
 
     def _flush(self) -> float:
@@ -464,6 +468,8 @@ class CallMedia:
             data = out.next_packet()
             if data is not None:  # an event packet takes this slot; audio waits
                 self._send_datagram(data, dest, now, 4)
+                if self.recorder is not None:
+                    self.recorder.agent_silence(self.frame_samples)
                 return
         has_audio = self.playout.queued_samples > 0
         if has_audio and not self._talking:
@@ -472,6 +478,8 @@ class CallMedia:
             self._spurt_go = self._spurt_t is not None
         self._talking = has_audio
         frame = self.playout.pop()
+        if self.recorder is not None:
+            self.recorder.agent(frame)
         if not self.params.send:  # on hold: the clock runs on, nothing goes out
             self.sender.skip(self.frame_samples)  # and the first packet after has the marker
             self._spurt_go = False

@@ -36,6 +36,7 @@ from sip_bridge import __version__
 from sip_bridge.admission import InboundPolicy
 from sip_bridge.agents import load_agent_models, make_agent
 from sip_bridge.call_events import Command, Hangup, Pause, Resume, Say, Transfer
+from sip_bridge.call_recording import StereoRecorder, recording_path
 from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
 from sip_bridge.config import BridgeConfig, parse_hostport
 from sip_bridge.control import ControlServer
@@ -507,6 +508,13 @@ class BridgeServer:
         )
         call.media = media
         call.answered_at = loop.time()
+        rec_dir = (call.config or self.config).records.recordings_dir
+        if rec_dir:
+            try:
+                media.recorder = StereoRecorder(recording_path(rec_dir, call_id))
+                self.telemetry.event(call_id, "recording", path=str(media.recorder.path))
+            except OSError as exc:  # a full disk or no permission: the call goes on
+                log.warning("call %s: not recorded: %s", call_id, exc)
         media.on_caller_dtmf = lambda e: self.telemetry.event(
             call_id, "dtmf", digit=e.digit, duration_ms=round(e.duration_ms, 1), via="rfc4733"
         )
@@ -567,6 +575,11 @@ class BridgeServer:
         if call.media is not None:
             await call.media.close(reason)
             self.finished.append(call.media.stats)
+            if call.media.recorder is not None:
+                try:
+                    call.media.recorder.close()
+                except OSError as exc:
+                    log.warning("call %s: recording incomplete: %s", call.call_id, exc)
         elif call.lease is not None and not call.lease.transport.is_closing():
             await call.lease.aclose()
         if call.facts is not None:

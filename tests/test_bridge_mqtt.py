@@ -101,3 +101,63 @@ def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
     assert ended["outcome"] == "answered" and ended["reason"] == "operator hung up"
     assert ended["packets_out"] > 0 and ended["schema"] == 1
     assert recorded_s < 15  # the hangup ended the 20 s call early
+
+
+def test_events_of_a_call_during_a_broker_outage_arrive_after_it(tmp_path: Path) -> None:
+    broker = Mosquitto(tmp_path / "broker")
+    broker.start()
+    f = tmp_path / "bridge.toml"
+    f.write_text(
+        '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "45600-45699"\n'
+        '[agent]\nname = "echo"\n[node]\nname = "node-b"\n'
+        f'[mqtt]\nenabled = true\nport = {broker.port}\nspool_dir = "spool"\n'
+    )
+    play = _wav(tmp_path / "a.wav")
+
+    async def main() -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        server = BridgeServer(load_config(f))
+        await server.start()
+        try:
+            async with aiomqtt.Client("127.0.0.1", broker.port, identifier="ops1") as ops:
+                await ops.subscribe("sipbridge/node-b/calls/#", qos=1)
+                for _ in range(100):
+                    if server.mqtt is not None and server.mqtt.connected:
+                        break
+                    await asyncio.sleep(0.05)
+                call = asyncio.ensure_future(place_call(CallOptions(
+                    f"sip:7000@127.0.0.1:{server.port}", play, tmp_path / "heard.wav",
+                    duration_s=2.0, rtp_ports=(45700, 45799),
+                )))  # fmt: skip
+                async for msg in ops.messages:
+                    got.append(json.loads(bytes(msg.payload)))
+                    if got[-1]["event"] == "answered":
+                        break
+            broker.stop()  # mid-call: the call ends while the broker is away
+            assert (await call).answered
+            link = server.mqtt
+            assert link is not None
+            while link.stats.connect_failures < 3:  # its next try is >= 2 s away now
+                await asyncio.sleep(0.1)
+            assert link.pending >= 1  # "ended" waits in the spool
+            broker.start()
+            async with aiomqtt.Client("127.0.0.1", broker.port, identifier="ops2") as ops:
+                await ops.subscribe("sipbridge/node-b/calls/#", qos=1)
+                async with asyncio.timeout(20):
+                    async for msg in ops.messages:
+                        got.append(json.loads(bytes(msg.payload)))
+                        if got[-1]["event"] == "ended":
+                            break
+        finally:
+            await server.stop()
+        return got
+
+    try:
+        events = asyncio.run(main())
+    finally:
+        broker.stop()
+    by_seq = {e["seq"]: e for e in events}  # QoS 1: a resent event shows twice; keep one
+    seqs = sorted(by_seq)
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # none missing
+    assert [by_seq[s]["event"] for s in seqs] == ["started", "answered", "ended"]
+    assert by_seq[seqs[-1]]["outcome"] == "answered"

@@ -279,3 +279,47 @@ def test_sighup_reloads_and_sigterm_drains_a_running_bridge(tmp_path: Path) -> N
     records = CallRecords(tmp_path / "calls.sqlite", readonly=True)
     assert [r["outcome"] for r in records.list()] == ["answered"]
     records.close()
+
+
+@pytest.mark.timeout(60)
+def test_completed_calls_survive_kill_9_of_the_bridge(tmp_path: Path) -> None:
+    port = _free_port()
+    f = tmp_path / "bridge.toml"
+    f.write_text(CONFIG.format(port=port, agent="echo"))
+    proc = subprocess.Popen(
+        [str(BRIDGE), "run", "--config", str(f)], cwd=tmp_path,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while not (tmp_path / "ctl.sock").exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        play = _wav(tmp_path / "a.wav", 0.5)
+
+        async def calls() -> None:
+            done = await place_call(CallOptions(
+                f"sip:done@127.0.0.1:{port}", play, tmp_path / "1.wav",
+                duration_s=1.0, rtp_ports=(45100, 45199),
+            ))  # fmt: skip
+            assert done.answered
+            await asyncio.sleep(0.3)  # its BYE is answered and recorded
+            up = asyncio.ensure_future(place_call(CallOptions(
+                f"sip:up@127.0.0.1:{port}", play, tmp_path / "2.wav",
+                duration_s=3.0, rtp_ports=(45200, 45299), answer_timeout_s=5,
+            )))  # fmt: skip
+            await asyncio.sleep(1.0)
+            proc.kill()  # SIGKILL mid-call: no clean shutdown, no last commit
+            proc.wait()
+            up.cancel()
+
+        asyncio.run(calls())
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    records = CallRecords(tmp_path / "calls.sqlite", readonly=True)
+    rows = {r["callee"].split("@")[0].split(":")[-1]: r for r in records.list()}
+    records.close()
+    assert rows["done"]["outcome"] == "answered" and rows["done"]["packets_out"] > 20
+    assert rows["up"]["answered_at"] is not None and rows["up"]["ended_at"] is None
