@@ -207,6 +207,7 @@ class AgentProfile:
     voice: Voice = field(default_factory=Voice)
     matching: Matching = field(default_factory=Matching)
     hours: BusinessHours | None = None  # outside them, calls get hours.after_hours_profile
+    language: str = "en"  # what callers speak and hear (the speech models must match)
     path: str = ""
 
 

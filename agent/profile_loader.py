@@ -32,6 +32,7 @@ from agent.profile import (
     normalize,
     parse_template,
 )
+from agent.voice_settings import SPEECH_LANGUAGES
 
 __all__ = ["load"]
 
@@ -44,7 +45,7 @@ def _keys(types: tuple[type, ...], names: str) -> dict[str, tuple[type, ...]]:
 
 _ACTIONS = _keys(_STR, "reply send_dtmf transfer") | {"set": _TABLE, "hangup": _BOOL}
 _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
-    "agent": _keys(_STR, "name greeting"),
+    "agent": _keys(_STR, "name greeting language"),
     "variables": {},
     "matching": _keys(_NUM, "fuzzy_threshold example_threshold"),
     "limits": {"max_turns": _INT, "max_call_s": _NUM, "closing": _STR},
@@ -157,6 +158,10 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
     agent = ld.table("agent", data.get("agent", {}), "agent")
     if "greeting" not in agent:
         ld.fail("agent", "greeting", "is required")
+    language = agent.get("language", "en")
+    if language not in SPEECH_LANGUAGES:
+        have = ", ".join(SPEECH_LANGUAGES)
+        ld.fail("agent", "language", f"no speech models for {language!r} (the models speak {have})")
     variables = {
         k: str(v) for k, v in ld.table("variables", data.get("variables", {}), "variables").items()
     }
@@ -218,6 +223,7 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
     return AgentProfile(
         hours=_build_hours(ld, data.get("hours")),
         name=agent.get("name", Path(ld.path).stem),
+        language=language,
         greeting=ld.template("agent", "greeting", agent["greeting"], known),
         intents=intents,
         slots=MappingProxyType(slots),

@@ -25,6 +25,11 @@ class VoiceSettings:
     speculate: bool = True  # prepare the reply during the pause (agent.speculation)
 
 
+#: Languages the shipped speech models hear and speak: Moonshine base-en (ASR) and Piper's
+#: en_US "joe" voice (TTS). A profile in another language needs other models.
+SPEECH_LANGUAGES = ("en",)
+
+
 @dataclass(frozen=True)
 class ModelSettings:
     """[models] in bridge.toml."""

@@ -118,3 +118,12 @@ def test_calls_after_hours_get_the_after_hours_profile(
     assert isinstance(open_agent, VoiceAgent) and isinstance(closed_agent, VoiceAgent)
     assert open_agent.profile.name == "acme-demo"
     assert closed_agent.profile.name == "after-hours"
+
+
+def test_a_profile_language_without_speech_models_is_refused(tmp_path: Path) -> None:
+    p = tmp_path / "de.toml"
+    p.write_text(DEMO_PROFILE.read_text().replace('name = "acme-demo"', 'language = "de"'))
+    with pytest.raises(ProfileError, match=r"agent\.language: no speech models for 'de'"):
+        load_profile(p)
+    p.write_text(DEMO_PROFILE.read_text().replace('name = "acme-demo"', 'language = "en"'))
+    assert load_profile(p).language == "en"
