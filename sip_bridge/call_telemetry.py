@@ -10,16 +10,23 @@ autocommitted writes, metrics are counters, events are spooled by their link).
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.base import TurnCompleted
+from sip_bridge.config_types import parse_hostport
+from sip_bridge.transport import TransportError
 
 if TYPE_CHECKING:
+    from sip_bridge.call_events import Command
+    from sip_bridge.config import BridgeConfig
     from sip_bridge.media_params import MediaStats
-    from sip_bridge.metrics import BridgeMetrics
+    from sip_bridge.metrics import BridgeMetrics, MetricsServer
+    from sip_bridge.mqtt_link import MqttLink
     from sip_bridge.records import CallRecords
 
 __all__ = ["CallFacts", "CallTelemetry", "EventSink", "hostport"]
@@ -59,6 +66,51 @@ class CallTelemetry:
     events: EventSink | None = None
     active: Callable[[], int] = lambda: 0
     event_errors: int = 0
+    http: MetricsServer | None = None  # /metrics and /healthz
+    mqtt: MqttLink | None = None  # events out, operator commands in
+
+    async def open(
+        self,
+        config: BridgeConfig,
+        media_path: str,
+        ready: Callable[[], bool],
+        on_command: Callable[[str, Command], None],
+    ) -> None:
+        """Open what the config asks for. A store that cannot open, or a busy metrics port,
+        stops the bridge's start with one line; the MQTT link connects in the background
+        (events spool meanwhile)."""
+        from model_runtime.observe import set_inference_observer
+        from sip_bridge.metrics import BridgeMetrics, MetricsServer
+        from sip_bridge.records import CallRecords
+        from sip_bridge.records_cli import default_db_path
+
+        if config.records.enabled:
+            self.records = CallRecords(config.records.db or default_db_path())
+        if config.metrics.listen:
+            host, port = parse_hostport(config.metrics.listen)
+            metrics = self.metrics = BridgeMetrics()
+            metrics.media_path(media_path)
+            set_inference_observer(metrics.model_inference)  # every model run, timed
+            http = MetricsServer(host, port, metrics, ready=ready)
+            try:
+                await http.start()
+            except OSError as exc:
+                raise TransportError(f"metrics.listen {host}:{port}: {exc.strerror}") from None
+            self.http = http
+        if config.mqtt.enabled:
+            from sip_bridge.mqtt_link import MqttLink
+
+            m = config.mqtt
+            spool = m.spool_dir or str(Path(default_db_path()).parent / "mqtt-spool")
+            link = MqttLink(
+                m.host, m.port, self.node, spool, on_command,
+                username=m.username or None,
+                password=os.environ.get(m.password_env) if m.password_env else None,
+                keepalive=m.keepalive_s,
+            )  # fmt: skip
+            await link.start()
+            self.mqtt = link
+            self.events = link.publish
 
     def offered(self, c: CallFacts) -> None:
         if self.metrics is not None:
@@ -138,6 +190,13 @@ class CallTelemetry:
                 if self.event_errors <= 3:
                     log.warning("call %s: event %s not sent: %s", call_id, kind, exc)
 
-    def close(self) -> None:
+    async def close(self) -> None:
         if self.records is not None:
             self.records.close()
+        if self.http is not None:
+            from model_runtime.observe import set_inference_observer
+
+            await self.http.stop()
+            set_inference_observer(None)
+        if self.mqtt is not None:  # the last events (ended) go out if the broker is there
+            await self.mqtt.stop(drain_timeout=2.0)

@@ -11,11 +11,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
-import os
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from agent.base import (
@@ -24,30 +22,22 @@ from agent.base import (
     CallInfo,
     DtmfEvent,
     HangupEvent,
-    PauseAgent,
-    ResumeAgent,
-    SayText,
     TransferRequest,
     TransferResult,
     TurnCompleted,
 )
-from model_runtime.observe import set_inference_observer
-from sip_bridge import __version__
 from sip_bridge.admission import InboundPolicy
 from sip_bridge.agents import load_agent_models, make_agent
-from sip_bridge.call_events import Command, Hangup, Pause, Resume, Say, Transfer
+from sip_bridge.call_events import Command
 from sip_bridge.call_recording import StereoRecorder, recording_path
 from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
-from sip_bridge.config import BridgeConfig, parse_hostport
+from sip_bridge.config import BridgeConfig
 from sip_bridge.control import ControlServer
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
 from sip_bridge.message import SipResponse, parse_message
-from sip_bridge.metrics import BridgeMetrics, MetricsServer
-from sip_bridge.mqtt_link import MqttLink
 from sip_bridge.native import require_fresh
 from sip_bridge.offer_answer import NegotiatedMedia
-from sip_bridge.records import CallRecords
-from sip_bridge.records_cli import default_db_path
+from sip_bridge.operator_view import apply_command, bridge_status
 from sip_bridge.registrar_link import RegistrarLink
 from sip_bridge.routes import match_route
 from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
@@ -124,8 +114,6 @@ class BridgeServer:
         self.media_path = "python"  # or "compiled" (mypyc): see sip_bridge.native
         # records, metrics, events: off until start() opens what the config asks for
         self.telemetry = CallTelemetry(config.node.node_name, active=lambda: len(self.calls))
-        self._metrics_http: MetricsServer | None = None
-        self.mqtt: MqttLink | None = None  # [mqtt] enabled: events out, commands in
         self.ready = False  # models loaded and listening: /healthz says ok
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -133,12 +121,9 @@ class BridgeServer:
     async def start(self) -> None:
         sip = self.config.sip
         self.media_path = require_fresh().mode  # a stale compiled module: refuse, say why
-        if self.config.records.enabled:  # a store that cannot open stops the start (1 line)
-            self.telemetry.records = CallRecords(self.config.records.db or default_db_path())
-        if self.config.metrics.listen:  # up first: /healthz says "starting" while models load
-            await self._start_metrics()
-        if self.config.mqtt.enabled:  # connects in the background; events spool meanwhile
-            await self._start_mqtt()
+        # records, metrics (/healthz says "starting" while models load), MQTT events
+        await self.telemetry.open(self.config, self.media_path, lambda: self.ready,
+                                  self._on_command)  # fmt: skip
         if self.media_path != "compiled":
             log.warning("media path runs as Python (2.5x the CPU per call): `make native`")
         if self.agent_factory is make_agent:  # models load before we listen, for every route
@@ -188,55 +173,9 @@ class BridgeServer:
         await self._start_registrations(now)
         self.ready = True
 
-    async def _start_metrics(self) -> None:
-        host, port = parse_hostport(self.config.metrics.listen)
-        metrics = self.telemetry.metrics = BridgeMetrics()
-        metrics.media_path(self.media_path)
-        set_inference_observer(metrics.model_inference)  # every model run, timed
-        http = MetricsServer(host, port, metrics, ready=lambda: self.ready)
-        try:
-            await http.start()
-        except OSError as exc:
-            raise TransportError(f"metrics.listen {host}:{port}: {exc.strerror}") from None
-        self._metrics_http = http
-
-    async def _start_mqtt(self) -> None:
-        m = self.config.mqtt
-        spool = m.spool_dir or str(Path(default_db_path()).parent / "mqtt-spool")
-        link = MqttLink(
-            m.host, m.port, self.config.node.node_name, spool, self._on_command,
-            username=m.username or None,
-            password=os.environ.get(m.password_env) if m.password_env else None,
-            keepalive=m.keepalive_s,
-        )  # fmt: skip
-        await link.start()
-        self.mqtt = link
-        self.telemetry.events = link.publish
-
     def _on_command(self, call_id: str, command: Command) -> None:
         """An operator's command for one call (MQTT); ValueError becomes an error event."""
-        call = self.calls.get(call_id)
-        if call is None or call.ended:
-            raise ValueError(f"no call {call_id} in progress here")
-        log.info("call %s: operator command %s", call_id, command)
-        if isinstance(command, Hangup):
-            self._hangup(call_id, "operator hung up")
-            return
-        if isinstance(command, Transfer):
-            assert self.ua is not None
-            now = asyncio.get_running_loop().time()
-            self._handle(self.ua.transfer(call_id, command.target, now))
-            return
-        agent = call.media.agent if call.media is not None else None
-        if agent is None or not agent.takes_commands:
-            name = agent.name if agent is not None else "(not answered yet)"
-            raise ValueError(f"agent {name} does not take {type(command).__name__.lower()}")
-        if isinstance(command, Say):
-            agent.on_event(SayText(command.text))
-        elif isinstance(command, Pause):
-            agent.on_event(PauseAgent())
-        elif isinstance(command, Resume):
-            agent.on_event(ResumeAgent())
+        apply_command(self, call_id, command)
 
     async def _start_registrations(self, now: float) -> None:
         ports = {"udp": self.port, "tcp": self.port}
@@ -305,8 +244,8 @@ class BridgeServer:
         loop = asyncio.get_running_loop()
         if self.ua is not None:
             self.ua.draining = True
-        if self._metrics_http is not None:
-            self._metrics_http.set_draining(True)
+        if self.telemetry.http is not None:
+            self.telemetry.http.set_draining(True)
         deadline = loop.time() + (self.config.sip.drain_s if timeout_s is None else timeout_s)
         log.warning("draining: %d call(s) in progress, new calls get 503", len(self.calls))
         while self.calls and loop.time() < deadline:
@@ -341,12 +280,7 @@ class BridgeServer:
         if self._timer is not None:
             self._timer.cancel()
         await self.transport.close()
-        self.telemetry.close()
-        if self._metrics_http is not None:
-            await self._metrics_http.stop()
-            set_inference_observer(None)
-        if self.mqtt is not None:  # the last events (ended) go out if the broker is there
-            await self.mqtt.stop(drain_timeout=2.0)
+        await self.telemetry.close()
 
     def _registrar_addresses(self, trunk: str, addresses: Iterable[str]) -> None:
         if self.policy is not None:  # the current one: a reload replaces it
@@ -593,51 +527,7 @@ class BridgeServer:
 
     def status(self) -> dict[str, Any]:
         """What an operator asks a running bridge: calls, registrations, counters."""
-        now = asyncio.get_running_loop().time()
-        calls = []
-        for c in self.calls.values():
-            entry: dict[str, Any] = {
-                "call_id": c.call_id,
-                "caller": c.info.caller,
-                "callee": c.info.callee,
-                "trunk": c.trunk,
-                "route": c.route,
-                "agent": (c.config or self.config).agent.name,
-                "state": "answered" if c.media is not None else "setting up",
-                "duration_s": round(now - (c.answered_at or c.started_at), 1),
-            }
-            if c.media is not None:
-                st = c.media.stats
-                jb = st.jitter
-                expected = jb.received + jb.lost
-                entry.update(
-                    codec=c.info.codec,
-                    remote=f"{st.remote[0]}:{st.remote[1]}",
-                    packets_in=st.packets_in,
-                    packets_out=st.packets_out,
-                    jitter_delay_ms=round(jb.current_delay_ms, 1),
-                    jitter_ms=round(jb.jitter_ms, 1),
-                    loss_pct=round(100.0 * jb.lost / expected, 2) if expected else 0.0,
-                    sending=st.sending,
-                    receiving=st.receiving,
-                )
-            calls.append(entry)
-        regs = self.registrations
-        sip = self.config.sip
-        return {
-            "version": __version__,
-            "uptime_s": round(now - self._started_at, 1),
-            "listen": f"{'+'.join(sip.transports)} {sip.listen_host}:{self.port}",
-            "agent": self.config.agent.name,
-            "limits": {"max_calls": sip.max_calls},
-            "counters": {**self.stats, "active": len(self.calls)},
-            "draining": self.draining,
-            "admission": dict(self.policy.counts) if self.policy is not None else {},
-            "registrations": regs.regs.status(now) if regs is not None else [],
-            "models": _models_in_use(),
-            "media_path": self.media_path,
-            "calls": calls,
-        }
+        return bridge_status(self)
 
 
 def settle_heap() -> None:
@@ -646,12 +536,3 @@ def settle_heap() -> None:
     media. For a long-running bridge process, after :meth:`BridgeServer.start`."""
     gc.collect()
     gc.freeze()
-
-
-def _models_in_use() -> dict[str, str]:
-    """Model -> the execution provider it really runs on (CPU, CUDA...): empty until an
-    agent loaded one. Read lazily: a bridge with a line-check agent never loads onnxruntime."""
-    import sys
-
-    sessions = sys.modules.get("model_runtime.sessions")
-    return dict(sessions.providers_in_use()) if sessions is not None else {}

@@ -47,7 +47,7 @@ def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
             async with aiomqtt.Client("127.0.0.1", broker.port, identifier="ops") as ops:
                 await ops.subscribe("sipbridge/node-a/calls/#", qos=1)
                 for _ in range(100):  # the bridge's link is up (its command subscription too)
-                    if server.mqtt is not None and server.mqtt.connected:
+                    if server.telemetry.mqtt is not None and server.telemetry.mqtt.connected:
                         break
                     await asyncio.sleep(0.05)
                 call = asyncio.ensure_future(place_call(CallOptions(
@@ -122,7 +122,7 @@ def test_events_of_a_call_during_a_broker_outage_arrive_after_it(tmp_path: Path)
             async with aiomqtt.Client("127.0.0.1", broker.port, identifier="ops1") as ops:
                 await ops.subscribe("sipbridge/node-b/calls/#", qos=1)
                 for _ in range(100):
-                    if server.mqtt is not None and server.mqtt.connected:
+                    if server.telemetry.mqtt is not None and server.telemetry.mqtt.connected:
                         break
                     await asyncio.sleep(0.05)
                 call = asyncio.ensure_future(place_call(CallOptions(
@@ -135,7 +135,7 @@ def test_events_of_a_call_during_a_broker_outage_arrive_after_it(tmp_path: Path)
                         break
             broker.stop()  # mid-call: the call ends while the broker is away
             assert (await call).answered
-            link = server.mqtt
+            link = server.telemetry.mqtt
             assert link is not None
             while link.stats.connect_failures < 3:  # its next try is >= 2 s away now
                 await asyncio.sleep(0.1)

@@ -177,8 +177,8 @@ def test_calls_are_recorded_and_counted(tmp_path: Path) -> None:
     async def main() -> str:
         server = BridgeServer(load_config(f))
         await server.start()
-        assert server._metrics_http is not None
-        port = server._metrics_http.port
+        assert server.telemetry.http is not None
+        port = server.telemetry.http.port
         try:
             assert await _get(port, "/healthz") == (200, "ok\n")
             result = await place_call(CallOptions(

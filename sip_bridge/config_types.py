@@ -1,0 +1,316 @@
+"""The configuration's typed values: what a loaded bridge.toml is, and the checks they
+share with command-line overrides. Loading and validating a file: :mod:`sip_bridge.config`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import socket
+import tempfile
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from agent.voice_settings import ModelSettings, VoiceSettings
+from sip_bridge.routes import RouteConfig
+from sip_bridge.trunks import TrunkConfig
+
+__all__ = [
+    "AGENTS",
+    "DEMO_PROFILE",
+    "SYMMETRIC",
+    "TRANSPORTS",
+    "AgentConfig",
+    "BridgeConfig",
+    "ConfigError",
+    "ControlConfig",
+    "InboundConfig",
+    "JitterConfig",
+    "MetricsConfig",
+    "MqttConfig",
+    "NodeConfig",
+    "RecordsConfig",
+    "RtpConfig",
+    "SipConfig",
+    "SpeechModelConfig",
+    "TimersConfig",
+    "TlsConfig",
+    "parse_hostport",
+    "parse_port_range",
+]
+
+#: The shipped demo agent profile (config/agents/demo.toml in a checkout).
+DEMO_PROFILE = Path(__file__).resolve().parent.parent / "config" / "agents" / "demo.toml"
+
+
+class ConfigError(ValueError):
+    """A configuration mistake, located: `file:line: key: message`."""
+
+    def __init__(self, path: str, line: int | None, key: str, message: str) -> None:
+        self.path, self.line, self.key = path, line, key
+        where = f"{path}:{line}" if line else path
+        super().__init__(f"{where}: {key}: {message}")
+
+
+@dataclass(frozen=True)
+class TimersConfig:
+    t1: float = 0.5
+    t2: float = 4.0
+    t4: float = 5.0
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """SIP over TLS (sips): off unless `port` is set; paths are resolved against the file."""
+
+    port: int = 0  # 0 = no TLS listener; 5061 is the usual one
+    certificate: str = ""
+    private_key: str = ""
+    ca_file: str = ""  # CAs that sign peers' certificates; empty: the system's
+    verify_peer: bool = False  # demand (and check) a certificate from peers
+
+    @property
+    def enabled(self) -> bool:
+        return self.port != 0
+
+
+@dataclass(frozen=True)
+class SipConfig:
+    listen: str = "127.0.0.1:5060"
+    transports: tuple[str, ...] = ("udp", "tcp")
+    external_address: str = ""
+    max_calls: int = 100
+    retry_after_s: int = 5
+    user_agent: str = "sip-bridge"
+    answer_after_s: float = 0.0  # ring this long (180 Ringing) before answering
+    max_call_s: float = 0.0  # hang up (BYE) after this long; 0 = no limit
+    drain_s: float = 30.0  # SIGTERM: calls in progress may go on this long (new ones: 503)
+    timers: TimersConfig = field(default_factory=TimersConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
+
+    @property
+    def listen_host(self) -> str:
+        return parse_hostport(self.listen)[0]
+
+    @property
+    def listen_port(self) -> int:
+        return parse_hostport(self.listen)[1]
+
+    @property
+    def advertised_host(self) -> str:
+        """What goes into Contact/Via/SDP: the external address, else the listen host."""
+        return self.external_address or self.listen_host
+
+
+@dataclass(frozen=True)
+class RtpConfig:
+    ports: str = "20000-20999"
+    symmetric: str = "auto"
+
+    @property
+    def port_range(self) -> tuple[int, int]:
+        return parse_port_range(self.ports)
+
+
+@dataclass(frozen=True)
+class JitterConfig:
+    min_delay_ms: int = 20
+    max_delay_ms: int = 200
+
+
+@dataclass(frozen=True)
+class SpeechModelConfig:
+    """[agent.speech_model]: a user's own speech-to-speech ONNX model, audio in and out."""
+
+    path: str
+    input: str
+    output: str
+    sample_rate: int
+    frame_samples: int
+    state: tuple[tuple[str, str], ...] = ()  # (state input, state output) pairs
+    batch: bool = True  # a leading batch axis: one run per tick for all calls
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    name: str = "echo"
+    echo_delay_s: float = 0.5
+    tone_freq_hz: float = 1000.0
+    tone_level_dbfs: float = -10.0
+    playback_file: str = ""
+    playback_loop: bool = False
+    playback_hangup_at_end: bool = True
+    voice_profile: str = str(DEMO_PROFILE)  # the dialogue: greeting, intents, replies
+    voice: VoiceSettings = field(default_factory=VoiceSettings)
+    speech_model: SpeechModelConfig | None = None  # name = "speech_model"
+
+
+@dataclass(frozen=True)
+class InboundConfig:
+    """INVITE rate limit per source not owned by an IP-authenticated trunk (token bucket);
+    rate_per_s = 0 turns it off."""
+
+    rate_per_s: float = 50.0
+    burst: int = 100
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    """Where ``sip-bridge status`` finds a running bridge (a Unix socket)."""
+
+    socket: str = ""  # empty: <temp dir>/sip-bridge-<SIP port>.sock
+    reload_on_change: bool = True  # reload when the config or a profile it names changes
+
+    def socket_path(self, sip_port: int) -> str:
+        return self.socket or str(Path(tempfile.gettempdir()) / f"sip-bridge-{sip_port}.sock")
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """This bridge among several: its name in call records and event topics."""
+
+    name: str = ""  # empty: the host name
+
+    @property
+    def node_name(self) -> str:
+        return self.name or socket.gethostname()
+
+
+@dataclass(frozen=True)
+class RecordsConfig:
+    """Call records (CDRs, turns, events) in SQLite: ``sip-bridge calls list|show``."""
+
+    enabled: bool = False  # the shipped config/bridge.toml turns them on
+    db: str = ""  # empty: $SIP_BRIDGE_DATA/calls.sqlite, else ~/.local/share/sip-bridge/
+    recordings_dir: str = ""  # a stereo WAV per call here (caller left, agent right); "": off
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus ``/metrics`` and the ``/healthz`` readiness probe over HTTP."""
+
+    listen: str = ""  # HOST:PORT; empty: off
+
+
+@dataclass(frozen=True)
+class MqttConfig:
+    """Call events out and operator commands in over MQTT (off unless enabled)."""
+
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = 1883
+    username: str = ""
+    password_env: str = ""  # the password comes from this environment variable
+    spool_dir: str = ""  # empty: $SIP_BRIDGE_DATA/mqtt-spool, else ~/.local/share/sip-bridge/
+    keepalive_s: int = 30
+
+
+@dataclass(frozen=True)
+class BridgeConfig:
+    sip: SipConfig = field(default_factory=SipConfig)
+    rtp: RtpConfig = field(default_factory=RtpConfig)
+    jitter: JitterConfig = field(default_factory=JitterConfig)
+    agent: AgentConfig = field(default_factory=AgentConfig)
+    trunks: tuple[TrunkConfig, ...] = ()
+    routes: tuple[RouteConfig, ...] = ()  # first match picks the call's agent; else [agent]
+    inbound: InboundConfig = field(default_factory=InboundConfig)
+    control: ControlConfig = field(default_factory=ControlConfig)
+    models: ModelSettings = field(default_factory=ModelSettings)
+    node: NodeConfig = field(default_factory=NodeConfig)
+    records: RecordsConfig = field(default_factory=RecordsConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    path: str = "<defaults>"
+
+    def for_route(self, route: RouteConfig | None) -> BridgeConfig:
+        """The config one call runs with: [agent] as the route (if any) sets it. A route
+        with a profile but no agent means the voice agent with that profile."""
+        if route is None:
+            return self
+        a = self.agent
+        name = route.agent or ("voice" if route.profile else a.name)
+        return replace(
+            self, agent=replace(a, name=name, voice_profile=route.profile or a.voice_profile)
+        )
+
+    def agent_configs(self) -> list[BridgeConfig]:
+        """The default and every route's config, each agent once: what to load at start."""
+        out: dict[tuple[str, str], BridgeConfig] = {}
+        for route in (None, *self.routes):
+            cfg = self.for_route(route)
+            out.setdefault((cfg.agent.name, cfg.agent.voice_profile), cfg)
+        return list(out.values())
+
+    def with_overrides(
+        self,
+        *,
+        listen: str | None = None,
+        agent: str | None = None,
+        rtp_ports: str | None = None,
+        max_calls: int | None = None,
+    ) -> BridgeConfig:
+        """Command-line overrides, validated like the file ("<command line>" in errors)."""
+        cfg = self
+        where = "<command line>"
+        if listen is not None:
+            _check_hostport(listen, where, None, "--listen")
+            cfg = replace(cfg, sip=replace(cfg.sip, listen=listen))
+        if agent is not None:
+            _check_choice(agent, AGENTS, where, None, "--agent")
+            cfg = replace(cfg, agent=replace(cfg.agent, name=agent))
+        if rtp_ports is not None:
+            _check_port_range(rtp_ports, where, None, "--rtp-ports")
+            cfg = replace(cfg, rtp=replace(cfg.rtp, ports=rtp_ports))
+        if max_calls is not None:
+            if max_calls < 0:
+                raise ConfigError(where, None, "--max-calls", "must be >= 0")
+            cfg = replace(cfg, sip=replace(cfg.sip, max_calls=max_calls))
+        return cfg
+
+
+AGENTS = ("voice", "speech_model", "echo", "tone", "playback")
+TRANSPORTS = ("udp", "tcp")
+SYMMETRIC = ("off", "auto", "on")
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    """ "host:port" or "[v6]:port" -> (host, port); ValueError when it is neither."""
+    m = re.fullmatch(r"\[([0-9a-fA-F:.]+)\]:(\d{1,5})|([^:\[\]]+):(\d{1,5})", value.strip())
+    if not m:
+        raise ValueError(f"expected HOST:PORT or [IPV6]:PORT, got {value!r}")
+    host = m.group(1) or m.group(3)
+    port = int(m.group(2) or m.group(4))
+    if not 0 <= port < 65536:  # 0: let the OS pick a free port (tests, ad-hoc runs)
+        raise ValueError(f"port {port} out of range 0-65535")
+    if m.group(1):
+        ipaddress.IPv6Address(host)
+    return host, port
+
+
+def parse_port_range(value: str) -> tuple[int, int]:
+    m = re.fullmatch(r"\s*(\d{1,5})\s*-\s*(\d{1,5})\s*", value)
+    if not m:
+        raise ValueError(f"expected LOW-HIGH, got {value!r}")
+    low, high = int(m.group(1)), int(m.group(2))
+    if not 1024 <= low < high <= 65535 or high - low < 2:
+        raise ValueError(f"need 1024 <= LOW < HIGH <= 65535 with room for a call, got {value!r}")
+    return low, high
+
+
+def _check_hostport(v: str, path: str, line: int | None, key: str) -> None:
+    try:
+        parse_hostport(v)
+    except ValueError as exc:
+        raise ConfigError(path, line, key, str(exc)) from None
+
+
+def _check_port_range(v: str, path: str, line: int | None, key: str) -> None:
+    try:
+        parse_port_range(v)
+    except ValueError as exc:
+        raise ConfigError(path, line, key, str(exc)) from None
+
+
+def _check_choice(v: str, allowed: tuple[str, ...], path: str, line: int | None, key: str) -> None:
+    if v not in allowed:
+        raise ConfigError(path, line, key, f"{v!r} is not one of {', '.join(allowed)}")

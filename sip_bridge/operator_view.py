@@ -1,0 +1,103 @@
+"""What an operator asks and tells a running bridge: its status (``sip-bridge status``,
+the control socket) and commands for one call (MQTT: hang up, transfer, say, pause,
+resume)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+
+from agent.base import PauseAgent, ResumeAgent, SayText
+from sip_bridge import __version__
+from sip_bridge.call_events import Command, Hangup, Pause, Resume, Say, Transfer
+
+if TYPE_CHECKING:
+    from sip_bridge.server import BridgeServer
+
+__all__ = ["apply_command", "bridge_status"]
+
+log = logging.getLogger("sip_bridge.server")
+
+
+def apply_command(server: BridgeServer, call_id: str, command: Command) -> None:
+    """An operator's command for one call (MQTT); ValueError becomes an error event."""
+    call = server.calls.get(call_id)
+    if call is None or call.ended:
+        raise ValueError(f"no call {call_id} in progress here")
+    log.info("call %s: operator command %s", call_id, command)
+    if isinstance(command, Hangup):
+        server._hangup(call_id, "operator hung up")
+        return
+    if isinstance(command, Transfer):
+        assert server.ua is not None
+        now = asyncio.get_running_loop().time()
+        server._handle(server.ua.transfer(call_id, command.target, now))
+        return
+    agent = call.media.agent if call.media is not None else None
+    if agent is None or not agent.takes_commands:
+        name = agent.name if agent is not None else "(not answered yet)"
+        raise ValueError(f"agent {name} does not take {type(command).__name__.lower()}")
+    if isinstance(command, Say):
+        agent.on_event(SayText(command.text))
+    elif isinstance(command, Pause):
+        agent.on_event(PauseAgent())
+    elif isinstance(command, Resume):
+        agent.on_event(ResumeAgent())
+
+
+def bridge_status(server: BridgeServer) -> dict[str, Any]:
+    """What an operator asks a running bridge: calls, registrations, counters."""
+    now = asyncio.get_running_loop().time()
+    calls = []
+    for c in server.calls.values():
+        entry: dict[str, Any] = {
+            "call_id": c.call_id,
+            "caller": c.info.caller,
+            "callee": c.info.callee,
+            "trunk": c.trunk,
+            "route": c.route,
+            "agent": (c.config or server.config).agent.name,
+            "state": "answered" if c.media is not None else "setting up",
+            "duration_s": round(now - (c.answered_at or c.started_at), 1),
+        }
+        if c.media is not None:
+            st = c.media.stats
+            jb = st.jitter
+            expected = jb.received + jb.lost
+            entry.update(
+                codec=c.info.codec,
+                remote=f"{st.remote[0]}:{st.remote[1]}",
+                packets_in=st.packets_in,
+                packets_out=st.packets_out,
+                jitter_delay_ms=round(jb.current_delay_ms, 1),
+                jitter_ms=round(jb.jitter_ms, 1),
+                loss_pct=round(100.0 * jb.lost / expected, 2) if expected else 0.0,
+                sending=st.sending,
+                receiving=st.receiving,
+            )
+        calls.append(entry)
+    regs = server.registrations
+    sip = server.config.sip
+    return {
+        "version": __version__,
+        "uptime_s": round(now - server._started_at, 1),
+        "listen": f"{'+'.join(sip.transports)} {sip.listen_host}:{server.port}",
+        "agent": server.config.agent.name,
+        "limits": {"max_calls": sip.max_calls},
+        "counters": {**server.stats, "active": len(server.calls)},
+        "draining": server.draining,
+        "admission": dict(server.policy.counts) if server.policy is not None else {},
+        "registrations": regs.regs.status(now) if regs is not None else [],
+        "models": _models_in_use(),
+        "media_path": server.media_path,
+        "calls": calls,
+    }
+
+
+def _models_in_use() -> dict[str, str]:
+    """Model -> the execution provider it really runs on (CPU, CUDA...): empty until an
+    agent loaded one. Read lazily: a bridge with a line-check agent never loads onnxruntime."""
+    sessions = sys.modules.get("model_runtime.sessions")
+    return dict(sessions.providers_in_use()) if sessions is not None else {}
