@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
+from media_fakes import FakeLoop
 from numpy.typing import NDArray
 
 import jitter.jitterbuffer
@@ -81,17 +82,6 @@ def jitter_digests() -> dict[str, str]:
     return out
 
 
-class _Loop:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: object) -> object:
-        return SimpleNamespace(cancel=lambda: None)
-
-
 class _Socket:
     """What a call sends, in order, into one digest per call."""
 
@@ -116,7 +106,7 @@ class _Socket:
 
 
 def media_digests(seconds: float = 6.0) -> dict[str, str]:
-    loop = _Loop(1000.0)
+    loop = FakeLoop(1000.0)
     clock = MediaClock(cast(Any, loop))
     pool = RtpPortPool(40000, 40100)
     rng = random.Random(5)

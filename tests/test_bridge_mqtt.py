@@ -28,15 +28,20 @@ def _wav(path: Path) -> Path:
     return path
 
 
-def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
-    broker = Mosquitto(tmp_path / "broker")
-    broker.start()
+def _config(tmp_path: Path, broker: Mosquitto, node: str) -> Path:
     f = tmp_path / "bridge.toml"
     f.write_text(
         '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "45600-45699"\n'
-        '[agent]\nname = "echo"\n[node]\nname = "node-a"\n'
+        f'[agent]\nname = "echo"\n[node]\nname = "{node}"\n'
         f'[mqtt]\nenabled = true\nport = {broker.port}\nspool_dir = "spool"\n'
     )
+    return f
+
+
+def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
+    broker = Mosquitto(tmp_path / "broker")
+    broker.start()
+    f = _config(tmp_path, broker, "node-a")
     play = _wav(tmp_path / "a.wav")
 
     async def main() -> tuple[list[dict[str, Any]], float]:
@@ -106,12 +111,7 @@ def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
 def test_events_of_a_call_during_a_broker_outage_arrive_after_it(tmp_path: Path) -> None:
     broker = Mosquitto(tmp_path / "broker")
     broker.start()
-    f = tmp_path / "bridge.toml"
-    f.write_text(
-        '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "45600-45699"\n'
-        '[agent]\nname = "echo"\n[node]\nname = "node-b"\n'
-        f'[mqtt]\nenabled = true\nport = {broker.port}\nspool_dir = "spool"\n'
-    )
+    f = _config(tmp_path, broker, "node-b")
     play = _wav(tmp_path / "a.wav")
 
     async def main() -> list[dict[str, Any]]:

@@ -13,10 +13,10 @@ import asyncio
 import random
 import socket
 from collections import Counter
-from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
+from media_fakes import FakeLoop
 from numpy.typing import NDArray
 
 from agent import Agent, AgentOutput, CallInfo, EchoAgent
@@ -28,19 +28,6 @@ from sip_bridge.rtp_ports import RtpPortPool
 
 PEER = ("127.0.0.1", 4000)
 TICK = 0.005
-
-
-class FakeLoop:
-    """Just what the clock and the call read from a loop: its time, and timers (unused)."""
-
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: object) -> object:
-        return SimpleNamespace(cancel=lambda: None)
 
 
 class FakeSocket:
