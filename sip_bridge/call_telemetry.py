@@ -86,6 +86,9 @@ class CallTelemetry:
 
         if config.records.enabled:
             self.records = CallRecords(config.records.db or default_db_path())
+            cut = self.records.mark_interrupted(self.node)
+            if cut:
+                log.warning("%d call(s) were in progress when this bridge last stopped", cut)
         if config.metrics.listen:
             host, port = parse_hostport(config.metrics.listen)
             metrics = self.metrics = BridgeMetrics()

@@ -91,7 +91,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "ca_file": (str,),
         "verify_peer": (bool,),
     },
-    "rtp": {"ports": (str,), "symmetric": (str,)},
+    "rtp": {"ports": (str,), "symmetric": (str,), "timeout_s": (int, float)},
     "jitter": {"min_delay_ms": (int,), "max_delay_ms": (int,)},
     "agent": {
         "name": (str,),
@@ -245,6 +245,9 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     rtp = RtpConfig(**data.get("rtp", {}))
     _check_port_range(rtp.ports, p, _line_of(text, "rtp", "ports"), "rtp.ports")
     _check_choice(rtp.symmetric, SYMMETRIC, p, _line_of(text, "rtp", "symmetric"), "rtp.symmetric")
+    if not (rtp.timeout_s == 0 or 1 <= rtp.timeout_s <= 3600):
+        line = _line_of(text, "rtp", "timeout_s")
+        raise ConfigError(p, line, "rtp.timeout_s", "must be 0 (never) or 1..3600 s")
     jitter = JitterConfig(**data.get("jitter", {}))
     if not 0 <= jitter.min_delay_ms <= jitter.max_delay_ms <= 1000:
         raise ConfigError(

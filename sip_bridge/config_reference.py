@@ -45,6 +45,7 @@ MEANINGS: dict[str, str] = {
     "sip.tls.verify_peer": "demand and check peers' certificates",
     "rtp.ports": "even ports of this range carry RTP, one per call",
     "rtp.symmetric": '`"off"`, `"auto"` (latch when the SDP address is private) or `"on"`',
+    "rtp.timeout_s": "no RTP for this long from a peer that should send: BYE; 0 = never",
     "jitter.min_delay_ms": "the adaptive jitter buffer's lowest delay",
     "jitter.max_delay_ms": "its highest delay",
     "agent.name": "`voice`, `speech_model`, `echo`, `tone` or `playback`",

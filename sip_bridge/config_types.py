@@ -106,6 +106,7 @@ class SipConfig:
 class RtpConfig:
     ports: str = "20000-20999"
     symmetric: str = "auto"
+    timeout_s: float = 30.0  # no RTP from a peer that should send: hang up; 0 = never
 
     @property
     def port_range(self) -> tuple[int, int]:

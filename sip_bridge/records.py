@@ -49,7 +49,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
-OUTCOMES = ("answered", "rejected", "cancelled", "failed")
+OUTCOMES = ("answered", "rejected", "cancelled", "failed", "interrupted")
+# "interrupted": in progress when the bridge died (kill -9, a crash); set at its next start
 STAT_FIELDS = ("packets_in", "packets_out", "jitter_ms", "loss_pct", "jb_delay_ms", "late_frames")
 CALL_FIELDS = (
     "call_id",
@@ -375,6 +376,21 @@ class CallRecords:
         sql = "INSERT INTO events (call_id, at, kind, data) VALUES (?, ?, ?, ?)"
         params = (call_id, now, str(kind), _json(dict(data)) if data is not None else None)
         return self._write("event", call_id, sql, params)
+
+    def mark_interrupted(self, node: str, reason: str = "the bridge stopped mid-call") -> int:
+        """At start: calls of ``node`` that never ended were cut off when the bridge died;
+        say so (how many). A store shared by several nodes leaves the others' calls."""
+        try:
+            with self._lock:
+                cur = self._db.execute(
+                    "UPDATE calls SET outcome = 'interrupted', end_reason = ?, ended_at = ? "
+                    "WHERE ended_at IS NULL AND node IS ?",
+                    (reason, self.clock(), node),
+                )
+        except sqlite3.Error as exc:
+            self._failed("mark_interrupted", node, _one_line(exc))
+            return 0
+        return int(cur.rowcount)
 
     def call_ended(
         self,

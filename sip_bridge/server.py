@@ -162,6 +162,7 @@ class BridgeServer:
             admit=self.policy,
         )
         self._schedule()
+        self._spawn(self._watch_media())
         if self._want_control:
             control = ControlServer(self.config.control.socket_path(self.port), self.status)
             try:
@@ -172,6 +173,30 @@ class BridgeServer:
             self._control = control
         await self._start_registrations(now)
         self.ready = True
+
+    async def _watch_media(self) -> None:
+        """Hang up calls whose peer vanished without a BYE: no RTP for ``rtp.timeout_s``
+        while it should be sending (a call it holds with inactive/sendonly is exempt)."""
+        loop = asyncio.get_running_loop()
+        seen: dict[str, tuple[int, float]] = {}  # call -> (packets in, when that changed)
+        while True:
+            await asyncio.sleep(1.0)
+            limit, now = self.config.rtp.timeout_s, loop.time()
+            current: dict[str, tuple[int, float]] = {}
+            for call_id, call in list(self.calls.items()):
+                media = call.media
+                if media is None or call.ended:
+                    continue
+                packets = media.receiver.packets
+                before = seen.get(call_id)
+                since = before[1] if before is not None and before[0] == packets else now
+                if not media.params.receive:
+                    since = now  # held: the peer sends nothing on purpose
+                current[call_id] = (packets, since)
+                if limit > 0 and now - since >= limit:
+                    log.warning("call %s: no RTP for %.0f s; hanging up", call_id, now - since)
+                    self._hangup(call_id, "RTP timeout")
+            seen = current
 
     def _on_command(self, call_id: str, command: Command) -> None:
         """An operator's command for one call (MQTT); ValueError becomes an error event."""

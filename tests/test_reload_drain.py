@@ -13,6 +13,7 @@ import time
 import wave
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -318,8 +319,24 @@ def test_completed_calls_survive_kill_9_of_the_bridge(tmp_path: Path) -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    records = CallRecords(tmp_path / "calls.sqlite", readonly=True)
-    rows = {r["callee"].split("@")[0].split(":")[-1]: r for r in records.list()}
-    records.close()
-    assert rows["done"]["outcome"] == "answered" and rows["done"]["packets_out"] > 20
-    assert rows["up"]["answered_at"] is not None and rows["up"]["ended_at"] is None
+
+    def rows() -> dict[str, dict[str, Any]]:
+        records = CallRecords(tmp_path / "calls.sqlite", readonly=True)
+        out = {r["callee"].split("@")[0].split(":")[-1]: r for r in records.list()}
+        records.close()
+        return out
+
+    killed = rows()
+    assert killed["done"]["outcome"] == "answered" and killed["done"]["packets_out"] > 20
+    assert killed["up"]["answered_at"] is not None and killed["up"]["ended_at"] is None
+    # the next start of the bridge says what happened to the call it was in
+    server = BridgeServer(load_config(f))
+    asyncio.run(_start_stop(server))
+    after = rows()
+    assert after["done"] == killed["done"]
+    assert after["up"]["outcome"] == "interrupted" and after["up"]["ended_at"] is not None
+
+
+async def _start_stop(server: BridgeServer) -> None:
+    await server.start()
+    await server.stop()
