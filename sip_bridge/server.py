@@ -105,7 +105,7 @@ class BridgeServer:
         self.media_host = config.sip.listen_host
         self.stats = {"offered": 0, "established": 0, "ended": 0}
         # Media statistics of the last calls that ended (CDR material; benches read it).
-        self.finished: deque[MediaStats] = deque(maxlen=10_000)
+        self.finished: deque[MediaStats] = deque(maxlen=1_000)  # benches; records keep all
         self.policy: InboundPolicy | None = None
         self.registrations: RegistrarLink | None = None
         self._control: ControlServer | None = None
