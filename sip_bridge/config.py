@@ -63,6 +63,7 @@ __all__ = [
     "TimersConfig",
     "TlsConfig",
     "load_config",
+    "parse_config_text",
     "parse_hostport",
     "parse_port_range",
 ]
@@ -206,6 +207,12 @@ def load_config(path: str | Path | None = None) -> BridgeConfig:
         text = Path(p).read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(p, None, "file", f"cannot read: {exc.strerror}") from None
+    return parse_config_text(text, p)
+
+
+def parse_config_text(text: str, p: str = "<text>") -> BridgeConfig:
+    """The config in ``text`` (``p`` names it in messages; relative paths are relative to
+    its folder)."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
