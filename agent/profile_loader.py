@@ -248,7 +248,11 @@ def _build_hours(ld: _Loader, raw: Any) -> BusinessHours | None:
             ld.fail("hours", key, "is required")
     f = Path(hours["after_hours_profile"])
     f = f if f.is_absolute() else Path(ld.path).resolve().parent / f  # relative to the profile
-    if not f.is_file():
+    try:
+        found = f.is_file()
+    except (OSError, ValueError):  # a name the OS refuses (too long, NUL)
+        found = False
+    if not found:
         ld.fail("hours", "after_hours_profile", f"no such file: {f}")
     try:
         return parse_hours(hours, str(f))

@@ -38,6 +38,7 @@ from sip_bridge.config_types import (
     _check_choice,
     _check_hostport,
     _check_port_range,
+    is_file,
     parse_hostport,
     parse_port_range,
 )
@@ -282,7 +283,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     if profile is not None:
         f = Path(profile)
         f = f if f.is_absolute() else Path(p).resolve().parent / f  # relative to the config file
-        if not f.is_file():
+        if not is_file(f):
             line = _line_of(text, "agent.voice", "profile")
             raise ConfigError(p, line, "agent.voice.profile", f"no such file: {f}")
         agent_cfg = replace(agent_cfg, voice_profile=str(f))
@@ -304,7 +305,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         wav = Path(agent_cfg.playback_file)
         if not wav.is_absolute():
             wav = Path(p).resolve().parent / wav  # relative to the config file
-        if not wav.is_file():
+        if not is_file(wav):
             line = _line_of(text, "agent.playback", "file") or _line_of(text, "agent", "name")
             what = f"no such file: {wav}" if agent_cfg.playback_file else "is required"
             raise ConfigError(p, line, "agent.playback.file", what)
@@ -397,7 +398,7 @@ def _build_speech_model(sm: dict[str, Any] | None, text: str, p: str) -> SpeechM
             raise ConfigError(p, _line_of(text, sec, key), f"{sec}.{key}", "must be > 0")
     f = Path(sm["path"])
     f = f if f.is_absolute() else Path(p).resolve().parent / f
-    if not f.is_file():
+    if not is_file(f):
         raise ConfigError(p, _line_of(text, sec, "path"), f"{sec}.path", f"no such file: {f}")
     return SpeechModelConfig(**{**sm, "path": str(f), "state": tuple(pairs)})
 
@@ -440,7 +441,7 @@ def _build_tls(tls: TlsConfig, text: str, p: str) -> TlsConfig:
         f = Path(value)
         if not f.is_absolute():
             f = Path(p).resolve().parent / f  # relative to the config file
-        if not f.is_file():
+        if not is_file(f):
             raise ConfigError(p, line, f"sip.tls.{key}", f"no such file: {f}")
         found[key] = str(f)
     return replace(

@@ -35,6 +35,7 @@ __all__ = [
     "SpeechModelConfig",
     "TimersConfig",
     "TlsConfig",
+    "is_file",
     "parse_hostport",
     "parse_port_range",
 ]
@@ -272,6 +273,15 @@ class BridgeConfig:
 AGENTS = ("voice", "speech_model", "echo", "tone", "playback")
 TRANSPORTS = ("udp", "tcp")
 SYMMETRIC = ("off", "auto", "on")
+
+
+def is_file(path: Path) -> bool:
+    """``path.is_file()``, False for a name the OS refuses (too long, NUL...) rather than
+    an exception: a config names files, and a mangled name is a config mistake."""
+    try:
+        return path.is_file()
+    except (OSError, ValueError):
+        return False
 
 
 def parse_hostport(value: str) -> tuple[str, int]:

@@ -101,6 +101,7 @@ def parse_routes(
 ) -> tuple[RouteConfig, ...]:
     """Validate the ``routes`` array of tables; ConfigError says where a mistake is."""
     from sip_bridge.config import ConfigError  # config imports us: a late import
+    from sip_bridge.config_types import is_file
 
     def fail(index: int, key: str | None, message: str) -> ConfigError:
         dotted = f"routes[{index + 1}]" + (f".{key}" if key else "")
@@ -140,7 +141,7 @@ def parse_routes(
         if route.profile:
             f = Path(route.profile)
             f = f if f.is_absolute() else Path(path).resolve().parent / f  # relative to file
-            if not f.is_file():
+            if not is_file(f):
                 raise fail(i, "profile", f"no such file: {f}")
             route = RouteConfig(**{**route.__dict__, "profile": str(f)})
         if not (route.called or route.caller or route.trunk or route.header):

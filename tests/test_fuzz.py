@@ -13,6 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import fuzz
 
+from sip_bridge.config import parse_config_text
+
 SHORT = {"config": 400}  # the loader parses a 5 KB file each time: slower
 
 
@@ -32,3 +34,20 @@ def test_seeds_are_valid_inputs() -> None:
     for target in fuzz.targets():
         for seed in target.seeds:
             target.run(seed)  # raises if a seed itself is refused
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[agent.voice]\nprofile = "agents/{long}.toml"\n',  # found by bench/fuzz.py (seed 1)
+        '[[routes]]\nname = "r"\ncalled = "1"\nprofile = "{long}.toml"\n',
+        '[agent]\nname = "playback"\n[agent.playback]\nfile = "{long}.wav"\n',
+        '[agent.voice]\nprofile = "bad\\u0000name.toml"\n',
+    ],
+)
+def test_a_file_name_the_os_refuses_is_a_config_mistake(text: str, tmp_path: Path) -> None:
+    """ENAMETOOLONG (or a NUL) from the OS was an OSError out of the loader: a traceback
+    instead of ``file:line: key: message``."""
+    bad = text.replace("{long}", "x" * 5000)
+    with pytest.raises(ValueError, match="no such file"):
+        parse_config_text(bad, str(tmp_path / "bridge.toml"))
