@@ -131,30 +131,48 @@ def encode_event(payload: Mapping[str, object]) -> bytes:
 
 
 def started(
-    caller: str, callee: str, direction: str = "inbound", trunk: str | None = None
+    caller: str,
+    callee: str,
+    *,
+    trunk: str | None = None,
+    route: str | None = None,
+    agent: str = "",
+    remote: str = "",
+    direction: str = "inbound",
 ) -> dict[str, object]:
-    """A call arrived (or was placed)."""
-    return {"caller": caller, "callee": callee, "direction": direction, "trunk": trunk}
+    """A call arrived (or was placed): who, through which trunk and route, to which agent."""
+    return {"caller": caller, "callee": callee, "direction": direction, "trunk": trunk,
+            "route": route, "agent": agent, "remote": remote}  # fmt: skip
 
 
-def answered(codec: str) -> dict[str, object]:
-    """The call was answered with this codec."""
-    return {"codec": codec}
+def answered(
+    codec: str, *, agent: str = "", remote: str = "", setup_ms: float | None = None
+) -> dict[str, object]:
+    """The call was answered with this codec (``setup_ms``: offer to answer)."""
+    return {"codec": codec, "agent": agent, "remote": remote, "setup_ms": setup_ms}
 
 
-def turn(caller_text: str, agent_text: str, timings_ms: Mapping[str, float]) -> dict[str, object]:
-    """One exchange: what the caller said, what the agent answered, each stage's time."""
-    return {"caller_text": caller_text, "agent_text": agent_text, "timings_ms": dict(timings_ms)}
+def turn(
+    caller_text: str, agent_text: str, timings_ms: Mapping[str, float], barged_in: bool = False
+) -> dict[str, object]:
+    """One exchange: what the caller said, what the agent played, each stage's time."""
+    return {"caller_text": caller_text, "agent_text": agent_text,
+            "timings_ms": dict(timings_ms), "barged_in": barged_in}  # fmt: skip
 
 
 def dtmf(digit: str, method: str = "rfc4733") -> dict[str, object]:
-    """A key the caller pressed."""
+    """A key the caller pressed (``method``: rfc4733 or info)."""
     return {"digit": digit, "method": method}
 
 
-def transfer(target: str, outcome: str) -> dict[str, object]:
-    """A transfer attempt and how it went (e.g. accepted, failed, timeout)."""
-    return {"target": target, "outcome": outcome}
+def transfer(target: str, outcome: str, status: int = 0, reason: str = "") -> dict[str, object]:
+    """A transfer attempt and how it ended (the SIP status and reason behind it)."""
+    return {"target": target, "outcome": outcome, "status": status, "reason": reason}
+
+
+def recording(path: str) -> dict[str, object]:
+    """The call is being recorded to this file."""
+    return {"path": path}
 
 
 def ended(
@@ -166,9 +184,12 @@ def ended(
     reason: str,
     codec: str | None,
     stats: Mapping[str, float | int | None],
+    **call: object,
 ) -> dict[str, object]:
-    """The call's record: times, outcome, reason, codec and media statistics."""
+    """The call's record: times, outcome, reason, codec and media statistics (``call``:
+    the facts ``started`` gave, repeated so this event alone is the record)."""
     return {
+        **call,
         "started_at": started_at,
         "answered_at": answered_at,
         "ended_at": ended_at,

@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.base import TurnCompleted
+from sip_bridge import call_events as ce
 from sip_bridge.config_types import parse_hostport
+from sip_bridge.records import media_summary
 from sip_bridge.transport import TransportError
 
 if TYPE_CHECKING:
@@ -124,8 +126,9 @@ class CallTelemetry:
                 c.call_id, node=self.node, trunk=c.trunk, caller=c.caller, callee=c.callee,
                 remote=c.remote, agent=c.agent, at=c.started,
             )  # fmt: skip
-        self._event(c.call_id, "started", caller=c.caller, callee=c.callee, trunk=c.trunk,
-                    route=c.route, agent=c.agent, remote=c.remote)  # fmt: skip
+        self._event(c.call_id, "started", ce.started(
+            c.caller, c.callee, trunk=c.trunk, route=c.route, agent=c.agent, remote=c.remote,
+        ))  # fmt: skip
 
     def answered(self, c: CallFacts, codec: str, remote: str, agent: str) -> None:
         c.answered, c.codec, c.remote, c.agent = time.time(), codec, remote, agent
@@ -135,8 +138,9 @@ class CallTelemetry:
         if self.records is not None:
             self.records.call_answered(c.call_id, codec=codec, agent=agent, remote=remote,
                                        at=c.answered)  # fmt: skip
-        self._event(c.call_id, "answered", codec=codec, remote=remote, agent=agent,
-                    setup_ms=round(1000 * setup_s, 1))  # fmt: skip
+        self._event(c.call_id, "answered", ce.answered(
+            codec, agent=agent, remote=remote, setup_ms=round(1000 * setup_s, 1)
+        ))  # fmt: skip
 
     def turn(self, call_id: str, t: TurnCompleted) -> None:
         if self.records is not None:
@@ -144,14 +148,15 @@ class CallTelemetry:
                               timings={**t.stages_ms, "barged_in": t.barged_in})  # fmt: skip
         if self.metrics is not None:
             self.metrics.turn(t.stages_ms)
-        self._event(call_id, "turn", caller_text=t.caller_text, agent_text=t.agent_text,
-                    stages_ms=t.stages_ms, barged_in=t.barged_in)  # fmt: skip
+        self._event(call_id, "turn", ce.turn(t.caller_text, t.agent_text, t.stages_ms,
+                                             t.barged_in))  # fmt: skip
 
-    def event(self, call_id: str, kind: str, **fields: Any) -> None:
-        """A line in the call's timeline (dtmf, transfer...): records and events."""
+    def event(self, call_id: str, kind: str, fields: dict[str, Any]) -> None:
+        """A line in the call's timeline (``fields`` from the call_events builder of
+        ``kind``: dtmf, transfer, recording): records and events."""
         if self.records is not None:
             self.records.event(call_id, kind, fields)
-        self._event(call_id, kind, **fields)
+        self._event(call_id, kind, fields)
 
     def ended(
         self, c: CallFacts, outcome: str, reason: str, media: MediaStats | None = None
@@ -161,30 +166,21 @@ class CallTelemetry:
         if self.records is not None:
             self.records.call_ended(c.call_id, outcome=outcome, end_reason=reason, media=media,
                                     at=now)  # fmt: skip
-        figures: dict[str, Any] = {}
-        if media is not None:
-            jb = media.jitter
-            expected = jb.received + jb.lost
-            figures = {
-                "packets_in": media.packets_in,
-                "packets_out": media.packets_out,
-                "late_frames": media.pacer_late_frames + media.pacer_skipped_frames,
-                "jitter_ms": round(jb.jitter_ms, 2),
-                "jb_delay_ms": round(jb.current_delay_ms, 1),
-                "loss_pct": round(100.0 * jb.lost / expected, 3) if expected else 0.0,
-            }
+        stats = media_summary(media) if media is not None else {}
         if self.metrics is not None:
+            late = media.pacer_late_frames + media.pacer_skipped_frames if media else 0
             self.metrics.set_active(self.active())
             self.metrics.call_ended(
-                outcome, duration, figures.get("late_frames", 0), figures.get("packets_out", 0),
-                figures.get("jb_delay_ms", 0.0), figures.get("loss_pct", 0.0),
+                outcome, duration, late, int(stats.get("packets_out", 0)),
+                float(stats.get("jb_delay_ms", 0.0)), float(stats.get("loss_pct", 0.0)),
             )  # fmt: skip
-        self._event(c.call_id, "ended", outcome=outcome, reason=reason, caller=c.caller,
-                    callee=c.callee, trunk=c.trunk, route=c.route, agent=c.agent,
-                    codec=c.codec, started_at=c.started, answered_at=c.answered, ended_at=now,
-                    duration_s=round(duration, 3), **figures)  # fmt: skip
+        self._event(c.call_id, "ended", ce.ended(
+            started_at=c.started, answered_at=c.answered, ended_at=now, outcome=outcome,
+            reason=reason, codec=c.codec, stats=stats, caller=c.caller, callee=c.callee,
+            trunk=c.trunk, route=c.route, agent=c.agent,
+        ))  # fmt: skip
 
-    def _event(self, call_id: str, kind: str, **fields: Any) -> None:
+    def _event(self, call_id: str, kind: str, fields: dict[str, object]) -> None:
         if self.events is not None:
             try:
                 self.events(call_id, kind, fields)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from agent.base import PauseAgent, ResumeAgent, SayText
 from sip_bridge import __version__
 from sip_bridge.call_events import Command, Hangup, Pause, Resume, Say, Transfer
+from sip_bridge.records import media_summary
 
 if TYPE_CHECKING:
     from sip_bridge.server import BridgeServer
@@ -65,7 +66,6 @@ def bridge_status(server: BridgeServer) -> dict[str, Any]:
         if c.media is not None:
             st = c.media.stats
             jb = st.jitter
-            expected = jb.received + jb.lost
             entry.update(
                 codec=c.info.codec,
                 remote=f"{st.remote[0]}:{st.remote[1]}",
@@ -73,7 +73,7 @@ def bridge_status(server: BridgeServer) -> dict[str, Any]:
                 packets_out=st.packets_out,
                 jitter_delay_ms=round(jb.current_delay_ms, 1),
                 jitter_ms=round(jb.jitter_ms, 1),
-                loss_pct=round(100.0 * jb.lost / expected, 2) if expected else 0.0,
+                loss_pct=round(float(media_summary(st)["loss_pct"]), 2),
                 sending=st.sending,
                 receiving=st.receiving,
             )

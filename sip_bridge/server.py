@@ -26,6 +26,7 @@ from agent.base import (
     TransferResult,
     TurnCompleted,
 )
+from sip_bridge import call_events as ce
 from sip_bridge.admission import InboundPolicy
 from sip_bridge.agents import load_agent_models, make_agent
 from sip_bridge.call_events import Command
@@ -373,7 +374,7 @@ class BridgeServer:
                 call = self.calls.get(ev.call_id)
                 if call is not None and call.media is not None:
                     call.media.agent.on_event(DtmfEvent(ev.digit))
-                    self.telemetry.event(ev.call_id, "dtmf", digit=ev.digit, via="info")
+                    self.telemetry.event(ev.call_id, "dtmf", ce.dtmf(ev.digit, "info"))
             elif isinstance(ev, MediaUpdated):
                 self._media_updated(ev.call_id, ev.media)
             elif isinstance(ev, TransferProgress):
@@ -382,10 +383,9 @@ class BridgeServer:
                 )
                 call = self.calls.get(ev.call_id)
                 if ev.final:
-                    self.telemetry.event(
-                        ev.call_id, "transfer", target=ev.target, outcome=ev.outcome,
-                        status=ev.status, reason=ev.reason,
-                    )  # fmt: skip
+                    self.telemetry.event(ev.call_id, "transfer", ce.transfer(
+                        ev.target, ev.outcome, ev.status, ev.reason
+                    ))  # fmt: skip
                 if ev.final and call is not None and call.media is not None:
                     result = TransferResult(ev.target, "failed", ev.status, ev.reason)
                     if ev.outcome == "succeeded":
@@ -471,12 +471,11 @@ class BridgeServer:
         if rec_dir:
             try:
                 media.recorder = StereoRecorder(recording_path(rec_dir, call_id))
-                self.telemetry.event(call_id, "recording", path=str(media.recorder.path))
+                path = str(media.recorder.path)
+                self.telemetry.event(call_id, "recording", ce.recording(path))
             except OSError as exc:  # a full disk or no permission: the call goes on
                 log.warning("call %s: not recorded: %s", call_id, exc)
-        media.on_caller_dtmf = lambda e: self.telemetry.event(
-            call_id, "dtmf", digit=e.digit, duration_ms=round(e.duration_ms, 1), via="rfc4733"
-        )
+        media.on_caller_dtmf = lambda e: self.telemetry.event(call_id, "dtmf", ce.dtmf(e.digit))
         if call.facts is not None:
             remote = hostport((params.remote_host, params.remote_port))
             self.telemetry.answered(call.facts, neg.codec, remote, agent.name)

@@ -104,7 +104,7 @@ def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
     assert "7000" in started["callee"] and started["agent"] == "echo"
     assert answered["codec"] == "PCMU" and answered["setup_ms"] >= 0
     assert ended["outcome"] == "answered" and ended["reason"] == "operator hung up"
-    assert ended["packets_out"] > 0 and ended["schema"] == 1
+    assert ended["stats"]["packets_out"] > 0 and ended["agent"] == "echo" and ended["schema"] == 1
     assert recorded_s < 15  # the hangup ended the 20 s call early
 
 
