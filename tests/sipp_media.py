@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import random
 import re
+import wave
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +56,16 @@ def tone(freqs: tuple[float, ...], seconds: float, level: float = 0.25) -> NDArr
     t = np.arange(int(8000 * seconds)) / 8000
     x = sum(np.sin(2 * np.pi * f * t) for f in freqs) * (level / len(freqs))
     return (np.asarray(x) * 32767).astype(np.int16)
+
+
+def write_wav(path: Path, pcm: NDArray[np.int16]) -> Path:
+    """8 kHz 16-bit mono WAV, what `sip-bridge call --play` and place_call() read."""
+    with wave.open(str(path), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(pcm.astype("<i2").tobytes())
+    return path
 
 
 def write_ulaw(path: Path, pcm: NDArray[np.int16]) -> None:

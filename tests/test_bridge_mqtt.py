@@ -5,27 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import json
-import wave
 from pathlib import Path
 from typing import Any
 
 import aiomqtt
-import numpy as np
 from mosquitto_runner import Mosquitto
+from sipp_media import tone, write_wav
 
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import load_config
 from sip_bridge.server import BridgeServer
-
-
-def _wav(path: Path) -> Path:
-    t = np.arange(8000) / 8000
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(8000)
-        w.writeframes((6000 * np.sin(2 * np.pi * 440 * t)).astype("<i2").tobytes())
-    return path
 
 
 def _config(tmp_path: Path, broker: Mosquitto, node: str) -> Path:
@@ -42,7 +31,7 @@ def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
     broker = Mosquitto(tmp_path / "broker")
     broker.start()
     f = _config(tmp_path, broker, "node-a")
-    play = _wav(tmp_path / "a.wav")
+    play = write_wav(tmp_path / "a.wav", tone((440,), 1.0, 0.2))
 
     async def main() -> tuple[list[dict[str, Any]], float]:
         got: list[dict[str, Any]] = []
@@ -112,7 +101,7 @@ def test_events_of_a_call_during_a_broker_outage_arrive_after_it(tmp_path: Path)
     broker = Mosquitto(tmp_path / "broker")
     broker.start()
     f = _config(tmp_path, broker, "node-b")
-    play = _wav(tmp_path / "a.wav")
+    play = write_wav(tmp_path / "a.wav", tone((440,), 1.0, 0.2))
 
     async def main() -> list[dict[str, Any]]:
         got: list[dict[str, Any]] = []

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
+from sipp_media import write_wav
 
 from sip_bridge.call_recording import StereoRecorder, recording_path
 from sip_bridge.caller import CallOptions, place_call
@@ -63,12 +64,7 @@ def test_a_recorded_call_holds_both_sides(tmp_path: Path) -> None:
         '[agent]\nname = "echo"\n[agent.echo]\ndelay_s = 0.5\n'
         '[records]\nenabled = true\ndb = "calls.sqlite"\nrecordings_dir = "rec"\n'
     )
-    play = tmp_path / "a.wav"
-    with wave.open(str(play), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(8000)
-        w.writeframes(_tone(440, 16000).astype("<i2").tobytes())
+    play = write_wav(tmp_path / "a.wav", _tone(440, 16000))
 
     async def main() -> None:
         server = BridgeServer(load_config(f))

@@ -10,14 +10,13 @@ import signal
 import socket
 import subprocess
 import time
-import wave
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from sipp_media import tone, write_wav
 
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import BridgeConfig, load_config
@@ -34,17 +33,6 @@ def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def _wav(path: Path, seconds: float = 1.0) -> Path:
-    t = np.arange(int(8000 * seconds)) / 8000
-    pcm = (0.2 * 32767 * np.sin(2 * np.pi * 440 * t)).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(8000)
-        w.writeframes(pcm.tobytes())
-    return path
 
 
 def _options(port: int, call_id: str = "opt-1") -> int:
@@ -114,7 +102,7 @@ def test_watcher_sees_an_edit_and_a_rename_over(tmp_path: Path) -> None:
 def test_reload_applies_to_new_calls_and_refuses_a_broken_edit(tmp_path: Path) -> None:
     f = tmp_path / "bridge.toml"
     f.write_text(CONFIG.format(port=0, agent="echo"))
-    play = _wav(tmp_path / "a.wav", 1.0)
+    play = write_wav(tmp_path / "a.wav", tone((440,), 1.0, 0.2))
 
     async def main() -> None:
         server = BridgeServer(load_config(f))
@@ -173,7 +161,7 @@ def _sample(body: str, name: str, **labels: str) -> float:
 def test_calls_are_recorded_and_counted(tmp_path: Path) -> None:
     f = tmp_path / "bridge.toml"
     f.write_text(CONFIG.format(port=0, agent="echo") + '[metrics]\nlisten = "127.0.0.1:0"\n')
-    play = _wav(tmp_path / "a.wav", 1.0)
+    play = write_wav(tmp_path / "a.wav", tone((440,), 1.0, 0.2))
 
     async def main() -> str:
         server = BridgeServer(load_config(f))
@@ -249,7 +237,7 @@ def test_sighup_reloads_and_sigterm_drains_a_running_bridge(tmp_path: Path) -> N
             assert time.monotonic() < deadline
             time.sleep(0.1)
         # a call in progress, then SIGTERM: OPTIONS and new calls get 503, the call goes on
-        play = _wav(tmp_path / "a.wav", 1.0)
+        play = write_wav(tmp_path / "a.wav", tone((440,), 1.0, 0.2))
 
         async def during_drain() -> tuple[bool, int, int]:
             call = asyncio.ensure_future(place_call(CallOptions(
@@ -296,7 +284,7 @@ def test_completed_calls_survive_kill_9_of_the_bridge(tmp_path: Path) -> None:
         while not (tmp_path / "ctl.sock").exists():
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(0.1)
-        play = _wav(tmp_path / "a.wav", 0.5)
+        play = write_wav(tmp_path / "a.wav", tone((440,), 0.5, 0.2))
 
         async def calls() -> None:
             done = await place_call(CallOptions(

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sipp_media import tone, write_wav
 
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.cli import main as cli_main
@@ -133,16 +134,6 @@ def test_config_check_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert cli_main(["config", "check", str(tmp_path / "absent.toml")]) == 2
 
 
-def _tone_wav(path: Path, freq: float, seconds: float = 1.5) -> None:
-    t = np.arange(int(8000 * seconds)) / 8000
-    pcm = (0.25 * 32767 * np.sin(2 * np.pi * freq * t)).astype("<i2")
-    with wave.open(str(path), "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(8000)
-        w.writeframes(pcm.tobytes())
-
-
 def _dominant_hz(path: Path) -> float:
     with wave.open(str(path), "rb") as w:
         x = np.frombuffer(w.readframes(w.getnframes()), "<i2").astype(np.float64)
@@ -160,8 +151,7 @@ def test_calls_to_two_numbers_reach_the_agents_their_routes_name(tmp_path: Path)
         "[agent.tone]\nfreq_hz = 1000.0\n"
         '[[routes]]\nname = "tone-line"\ncalled = "7001"\nagent = "tone"\n',
     )
-    play = tmp_path / "440.wav"
-    _tone_wav(play, 440.0)
+    play = write_wav(tmp_path / "440.wav", tone((440.0,), 1.5))
     seen: list[tuple[str | None, str]] = []
 
     async def main() -> dict[str, float]:
