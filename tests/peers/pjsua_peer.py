@@ -15,7 +15,9 @@ call changed. The sound card is pjmedia's null device: no hardware needed.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -230,10 +232,18 @@ def main() -> int:
     peer.player = peer.recorder = None  # close the WAV files before the library goes
     peer.calls.clear()
     peer.hangups.clear()
+    peer.account.shutdown()
+    gc.collect()  # every Call's destructor must run before libDestroy, not after it
     peer.emit("done", rc=rc)
     peer.ep.libDestroy()
     return rc
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # pjsua2's SWIG objects (Endpoint, Account) would otherwise be freed during interpreter
+    # teardown, after the library is gone, in no fixed order: a rare segfault in CI after
+    # the call had been judged. Everything worth keeping (WAVs, event lines) is closed.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
