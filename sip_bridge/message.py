@@ -95,6 +95,9 @@ _MANDATORY = ("Via", "From", "To", "Call-ID", "CSeq")
 _CSEQ = re.compile(r"([0-9]+)[ \t]+([A-Za-z0-9\-.!%*_+`'~]+)")
 _VERSION = re.compile(r"[A-Za-z]+/\d+\.\d+")
 _BAD_CHARS = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+# A quoted-string may carry any control but CR/LF as a quoted-pair (RFC 3261 25.1,
+# RFC 4475 3.1.1.2): such strings are blanked before the control-character check.
+_QUOTED_WITH_PAIRS = re.compile(r'"(?:[^"\\\x00-\x08\x0a-\x1f\x7f]|\\[^\r\n])*"')
 _HEAD_END = re.compile(rb"\r?\n\r?\n")
 
 
@@ -284,7 +287,7 @@ def _parse_head(head: bytes) -> tuple[str, Headers]:
         raise SipParseError("message head is not UTF-8") from exc
     lines = [line.removesuffix("\r") for line in text.split("\n")]
     for line in lines:
-        if _BAD_CHARS.search(line):
+        if _BAD_CHARS.search(_QUOTED_WITH_PAIRS.sub('""', line) if "\\" in line else line):
             raise SipParseError("control character in message head")
     entries: list[list[str]] = []
     for line in lines[1:]:

@@ -38,6 +38,10 @@ Choices made here:
 - Blind transfer (RFC 3515): ``transfer()`` sends REFER; the NOTIFYs' sipfrag become
   :class:`TransferProgress` events (:mod:`sip_bridge.ua_transfer`, :mod:`sip_bridge.transfer`).
   NOTIFY is allowed (in-dialog only); REFER to us is not (405).
+- Hostile and odd requests (RFC 4475, tests/data/rfc4475/README.md): a method we know but
+  do not serve gets 405, one we have never heard of 501 (both with Allow); a Request-URI
+  scheme other than sip/sips/tel 416; an INVITE whose Accept excludes SDP 406; an RFC 2543
+  INVITE without Contact is answered as RFC 2543 says (the From URI is the remote target).
 """
 
 from __future__ import annotations
@@ -70,7 +74,7 @@ from sip_bridge.transaction import (
     TransactionLayer,
     TransactionTimeout,
 )
-from sip_bridge.ua_core import ACCEPT, ALLOW, SUPPORTED, UaCall
+from sip_bridge.ua_core import ACCEPT, ALLOW, SUPPORTED, UaCall, malformed_reply
 from sip_bridge.ua_events import (
     Address,
     CallEnded,
@@ -89,7 +93,6 @@ from sip_bridge.uas_invite import (
     dtmf_digit,
     sdp_offer,
     stamp_via,
-    stateless_error,
 )
 
 __all__ = [
@@ -118,6 +121,19 @@ class Admission:
     status: int = 0
     headers: tuple[tuple[str, str], ...] = ()  # e.g. WWW-Authenticate on a 401
     trunk: str | None = None
+
+
+# Methods other SIP extensions define that we do not serve (405); the rest are unknown (501).
+KNOWN_METHODS = frozenset(("REGISTER", "REFER", "SUBSCRIBE", "MESSAGE", "PRACK", "PUBLISH"))
+URI_SCHEMES = ("sip", "sips", "tel")  # what a Request-URI to us may be (else 416)
+
+
+def _accepts_sdp(req: SipRequest) -> bool:
+    """No Accept means SDP (RFC 3261 20.1); otherwise SDP or a wildcard must be listed."""
+    if "Accept" not in req.headers:
+        return True
+    types = {v.split(";", 1)[0].strip(" \t").lower() for v in req.headers.get_all("Accept")}
+    return bool(types & {"application/sdp", "application/*", "*/*"})
 
 
 # The app's say on who may call: the INVITE, its source and ``now`` in, an Admission out.
@@ -191,7 +207,7 @@ class BridgeUA(SessionMixin, TransferMixin):
         try:
             msg = parse_message(data)
         except ValueError as exc:
-            resp = stateless_error(data, exc, self.host, self.config.user_agent)
+            resp = malformed_reply(data, exc, self.host, self.config.user_agent)
             return [Send(resp.to_bytes(), source, transport)] if resp is not None else []
         return self.receive_message(msg, source, transport, now)
 
@@ -304,11 +320,12 @@ class BridgeUA(SessionMixin, TransferMixin):
         req = ev.request
         method = req.method
         if method not in ALLOW:
-            return self._reply(ev, 405, now, Allow=", ".join(ALLOW))
+            status = 405 if method in KNOWN_METHODS else 501
+            return self._reply(ev, status, now, Allow=", ".join(ALLOW))
+        if req.uri.partition(":")[0].lower() not in URI_SCHEMES:
+            return self._reply(ev, 416, now)
         if method == "CANCEL":
             return self._on_cancel(ev, now)
-        if int(req.headers.get("Max-Forwards") or 70) == 0:
-            return self._reply(ev, 483, now)
         unsupported = [t for t in req.headers.get_all("Require") if t.lower() not in SUPPORTED]
         if unsupported:
             return self._reply(ev, 420, now, Unsupported=", ".join(unsupported))
@@ -364,6 +381,10 @@ class BridgeUA(SessionMixin, TransferMixin):
             return self._send_response(ev.tx_id, resp, now)
         if len(self._calls) >= self.config.max_calls:
             return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
+        if not _accepts_sdp(req):
+            return self._reply(ev, 406, now, Accept="application/sdp")
+        if "Contact" not in req.headers:  # RFC 2543: the caller is reached at its From URI
+            req.headers.add("Contact", f"<{NameAddr.parse(req.headers.get('From') or '').uri}>")
         try:
             offer = sdp_offer(req)
             if offer is not None:

@@ -8,12 +8,22 @@ the state BridgeUA's ``__init__`` sets up and does no I/O.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from sip_bridge.config import SipConfig
 from sip_bridge.dialog import Dialog
-from sip_bridge.message import SipRequest, SipResponse, make_response, new_tag
+from sip_bridge.fields import TOKEN
+from sip_bridge.message import (
+    Headers,
+    SipRequest,
+    SipResponse,
+    canonical_name,
+    make_response,
+    new_tag,
+    reason_phrase,
+)
 from sip_bridge.offer_answer import MediaConfig
 from sip_bridge.sdp import NoCommonCodec, SdpError, SessionDescription
 from sip_bridge.session_timer import SessionTimer
@@ -21,9 +31,9 @@ from sip_bridge.timers import TimerQueue
 from sip_bridge.transaction import Event, RequestReceived, TransactionError, TransactionLayer
 from sip_bridge.transfer import Transfer
 from sip_bridge.ua_events import Address, CallEnded, UaEvent
-from sip_bridge.uas_invite import in_dialog_destination
+from sip_bridge.uas_invite import in_dialog_destination, stateless_error
 
-__all__ = ["ACCEPT", "ALLOW", "CALL_TIMERS", "SUPPORTED", "UaCall", "UaCore"]
+__all__ = ["ACCEPT", "ALLOW", "CALL_TIMERS", "SUPPORTED", "UaCall", "UaCore", "malformed_reply"]
 
 # NOTIFY: the reports of a transfer we started (REFER).  REFER itself is not allowed: the
 # bridge transfers callers, nobody transfers the bridge.
@@ -32,6 +42,54 @@ SUPPORTED: tuple[str, ...] = ("timer",)  # option tags we implement (no 100rel y
 ACCEPT = "application/sdp, application/dtmf-relay, message/sipfrag"
 # Per-call timers, all cancelled when the call ends for the app.
 CALL_TIMERS = ("answer", "st-refresh", "st-expire", "xfer-expire", "xfer-bye")
+
+
+_ECHOED = ("Via", "From", "To", "Call-ID", "CSeq")
+# A Via of any version: a SIP/7.0 request (RFC 4475 3.1.2.16) still gets its 505.
+_ANY_VIA = re.compile(r"SIP[ \t]*/[ \t]*[0-9]+\.[0-9]+[ \t]*/[ \t]*[!-~]+[ \t]+[!-~]")
+
+
+def malformed_reply(data: bytes, exc: ValueError, host: str, server: str) -> SipResponse | None:
+    """The 400/505 for a request the parser refused, None when it names no transaction.
+
+    :func:`~sip_bridge.uas_invite.stateless_error` first; when it cannot read the request
+    back (LWS inside the Request-URI, a CSeq over 2**31, an unterminated quote in To:
+    RFC 4475 3.1.2.4/6/8) the raw Via, From, To, Call-ID and CSeq lines are echoed as
+    received: the sender matches its transaction by the top Via and the CSeq alone.
+    Without all five lines (RFC 4475 3.3.1) there is nothing to answer with.
+    """
+    resp = stateless_error(data, exc, host, server)
+    if resp is not None:
+        return resp
+    head = re.split(rb"\r?\n\r?\n", data.lstrip(b"\r\n"), maxsplit=1)[0]
+    lines = head.decode("utf-8", "replace").splitlines()
+    first = lines[0].split() if lines else []
+    if len(first) < 3 or first[0] == "ACK" or not TOKEN.fullmatch(first[0]):
+        return None  # a response, an ACK, or no request line at all
+    found: dict[str, list[str]] = {}
+    for line in lines[1:]:
+        name, colon, value = line.partition(":")
+        canon = canonical_name(name.strip(" \t")) if colon else ""
+        if canon in _ECHOED and value.strip(" \t") and "\x00" not in value:
+            found.setdefault(canon, []).append(value.strip(" \t"))
+    if len(found) < len(_ECHOED):
+        return None
+    if not _ANY_VIA.match(found["Via"][0]):
+        return None
+    try:
+        status = getattr(exc, "status", 400)
+        resp = SipResponse(status if 400 <= status < 600 else 400, "", Headers())
+        resp.reason = reason_phrase(resp.status)
+        for name in _ECHOED:
+            for value in found[name] if name == "Via" else found[name][:1]:
+                tagged = name == "To" and ";tag=" not in value.lower().replace(" ", "")
+                resp.headers.add(name, f"{value};tag={new_tag()}" if tagged else value)
+        text = str(exc).replace('"', "'").replace("\\", "/")[:100]
+        resp.headers.add("Warning", f'399 {host} "{text}"')
+        resp.headers.add("Server", server)
+    except (ValueError, IndexError):
+        return None
+    return resp
 
 
 @dataclass(eq=False)

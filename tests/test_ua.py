@@ -573,14 +573,15 @@ def test_options_200_lists_capabilities() -> None:
     assert_clean(ua)
 
 
-def test_header_checks_420_483_405() -> None:
+def test_header_checks_420_405_and_max_forwards_0_is_answered() -> None:
     ua = make_ua()
     src = ("198.51.100.1", 5060)
     [r] = responses(ua.receive_bytes(options_text("Require: 100rel, foo\r\n"), src, "udp", 0))
     assert r.status == 420 and r.headers.get_all("Unsupported") == ["100rel", "foo"]
     mf0 = options_text().replace(b"Max-Forwards: 70", b"Max-Forwards: 0")
     mf0 = mf0.replace(b"z9hG4bKopt1", b"z9hG4bKopt2")
-    assert [r.status for r in responses(ua.receive_bytes(mf0, src, "udp", 0))] == [483]
+    # an endpoint never forwards: Max-Forwards 0 is answered (RFC 4475 3.3.11), not 483
+    assert [r.status for r in responses(ua.receive_bytes(mf0, src, "udp", 0))] == [200]
     refer = options_text().replace(b"OPTIONS", b"REFER").replace(b"z9hG4bKopt1", b"z9hG4bKr")
     [r] = responses(ua.receive_bytes(refer, src, "udp", 0))
     assert r.status == 405 and "INVITE" in r.headers.get_all("Allow")
