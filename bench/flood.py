@@ -4,7 +4,9 @@ Runs `BridgeServer` (echo agent) in this process on 127.0.0.1. sipp #1 places `-
 legitimate calls from 127.0.0.2 (RTP both ways, `bench/sipp/uac_rtp_call.xml`); once they
 are all up and a quiet stretch has been measured, sipp #2 floods INVITEs from 127.0.0.3
 at `--flood-rate` per second for `--flood-s` seconds (`bench/sipp/uac_flood.xml`: it never
-ACKs a rejection, as scanners don't, so every 403/503 lives until Timer H).
+ACKs a rejection, as scanners don't). The bridge refuses a source it does not trust
+(403, or 503 over its rate) with one response and no transaction (RFC 3261 26.3.2.4);
+only a 503 for max_calls, to an admitted source, is retransmitted until Timer H.
 
 Two modes (both by default, one after the other):
 - ``trunk``: the legitimate calls come over an IP-authenticated trunk (`acl`), the

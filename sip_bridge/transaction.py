@@ -375,6 +375,22 @@ class TransactionLayer:
             self._arm(tx, "H", now, self.timers.timer_h)
         return events
 
+    def refuse_once(self, tx_id: str, response: SipResponse) -> list[Event]:
+        """Answer ``tx_id`` with a 3xx-6xx sent once, and forget the transaction.
+
+        RFC 3261 26.3.2.4: requests we refuse before knowing who sent them (a stranger's
+        403, a source over its rate, a digest challenge) get one response and no state, so
+        a flood costs one send each instead of ten retransmissions held until Timer H.
+        A retransmitted request is judged again; its ACK finds nothing and is dropped.
+        """
+        tx = self._by_id.get(tx_id)
+        if tx is None or not tx.server:
+            raise TransactionError(f"no server transaction {tx_id!r}")
+        if response.status < 300:
+            raise TransactionError("only a refusal (3xx-6xx) may be sent without state")
+        self._free(tx)
+        return [self._send(tx, response.to_bytes())]
+
     # ------------------------------------------------------------------ client side
     def send_request(
         self, request: SipRequest, destination: Address, transport: str, now: float

@@ -374,11 +374,11 @@ class BridgeUA(SessionMixin, TransferMixin):
         if self.draining:
             return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
         admission = self.admit(req, ev.source, now) if self.admit is not None else Admission()
-        if admission.status:
+        if admission.status:  # a refusal of an unproven source: no state kept for it
             resp = self._response(req, admission.status)
             for name, value in admission.headers:
                 resp.headers.add(name, value)
-            return self._send_response(ev.tx_id, resp, now)
+            return self._process(self._layer.refuse_once(ev.tx_id, resp), "", now)
         if len(self._calls) >= self.config.max_calls:
             return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
         if not _accepts_sdp(req):

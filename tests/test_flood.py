@@ -3,8 +3,9 @@
 The flood comes from one source, sipp at several hundred INVITEs a second, never ACKing
 a rejection. What must hold whatever the machine's speed: the legitimate calls all
 complete with their media whole, the flood gets only cheap answers (403 from a stranger,
-503 past the per-source rate, 503 past max_calls) and never more calls than max_calls
-allows, and once Timer H has passed no SIP transaction is left. The late-frame and CPU
+503 past the per-source rate: each sent once, no transaction kept; 503 past max_calls)
+and never more calls than max_calls allows, and once Timer H has passed no SIP
+transaction is left. The late-frame and CPU
 figures are the bench's business (`bench/flood.py`), not asserted here.
 """
 
@@ -42,5 +43,7 @@ def test_flood_leaves_calls_in_progress_whole(mode: str, tmp_path: Path) -> None
         assert answered["forbidden"] > 0
     else:  # the open default: what gets through is answered, up to max_calls
         assert answered["admitted"] > 0 and f["became_calls"] <= answered["admitted"]
-    assert run["transactions"]["peak"] > f["invites"] // 4  # the rejections were held ...
-    assert run["transactions"]["after_timer_h"] == 0  # ... and all gone after Timer H
+    # refusals of a stranger keep no state (RFC 3261 26.3.2.4): no pile-up of transactions
+    # (an admitted INVITE may hold two: its own and its BYE's, until Timer H/J)
+    assert run["transactions"]["peak"] <= 2 * (CALLS + answered["admitted"]) + 10
+    assert run["transactions"]["after_timer_h"] == 0

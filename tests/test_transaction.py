@@ -186,6 +186,26 @@ def test_486_never_acked_is_freed_by_timer_h() -> None:
     assert len(layer) == 0 and layer.next_deadline() is None
 
 
+def test_refuse_once_sends_one_response_and_keeps_nothing() -> None:
+    """RFC 3261 26.3.2.4: a stranger's INVITE is refused without state or retransmissions."""
+    layer = TransactionLayer()
+    tx_id = new_invite_tx(layer)
+    [sent] = layer.refuse_once(tx_id, make_response(request(), 403, to_tag="tt"))
+    assert isinstance(sent, SendMessage) and status_of(sent.data) == 403
+    assert sent.destination == CALLER
+    assert len(layer) == 0 and layer.next_deadline() is None and run(layer, 100.0) == []
+    # its ACK matches nothing (the UA drops it); a retransmission is judged again
+    ack = layer.receive(request("ACK", cseq_method="ACK"), CALLER, "UDP", 0.6)
+    assert [type(e) for e in ack] == [AckReceived] and len(layer) == 0
+    again = layer.receive(request(), CALLER, "UDP", 0.7)
+    assert [type(e) for e in again] == [SendMessage, RequestReceived]
+    with pytest.raises(TransactionError):
+        layer.refuse_once(tx_id, make_response(request(), 403))  # already forgotten
+    tx2 = next(e for e in again if isinstance(e, RequestReceived)).tx_id
+    with pytest.raises(TransactionError):
+        layer.refuse_once(tx2, make_response(request(), 200, to_tag="tt"))
+
+
 def test_2xx_retransmitted_until_ack_in_accepted_state() -> None:
     layer = TransactionLayer()
     tx_id = new_invite_tx(layer)
