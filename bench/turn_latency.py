@@ -21,6 +21,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ QUESTIONS = [
 ]
 
 
-def _pct(xs: list[float], q: float) -> float | None:
+def pct(xs: list[float], q: float) -> float | None:
     return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
@@ -76,7 +77,7 @@ def _ms(x: float | None, y: float | None) -> float | None:
     return round(1000 * (x - y), 1) if x and y else None
 
 
-def _stages(row: dict[str, float | None], turns: list[TurnTiming]) -> dict[str, float | None]:
+def turn_stages(row: dict[str, float | None], turns: list[TurnTiming]) -> dict[str, float | None]:
     """The agent's turn that this wire turn caused: its turn_end lies in between."""
     t0, t1 = row["speech_end"], row["reply_start"]
     assert t0 is not None
@@ -98,7 +99,12 @@ def _stages(row: dict[str, float | None], turns: list[TurnTiming]) -> dict[str, 
     return out
 
 
-async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
+async def start_bridge(
+    calls: int, adapt: Callable[[VoiceAgent], None] | None = None
+) -> tuple[BridgeServer, BridgeConfig, list[VoiceAgent], float]:
+    """The bridge in this process, voice agent and demo profile, models loaded and warm:
+    (server, config, every call's agent as it is made, model load seconds). ``adapt``
+    sees each agent before its call starts (bench/long_call.py lifts the profile's limits)."""
     config = load_config(ROOT / "config" / "bridge.toml")
     config = replace(
         config,
@@ -110,6 +116,8 @@ async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
     def factory(cfg: BridgeConfig) -> Any:
         a = make_agent(cfg)
         assert isinstance(a, VoiceAgent)
+        if adapt is not None:
+            adapt(a)
         agents.append(a)
         return a
 
@@ -118,6 +126,11 @@ async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
     load_s = time.monotonic() - t_load
     server = BridgeServer(config, agent_factory=factory)
     await server.start()
+    return server, config, agents, load_s
+
+
+async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
+    server, config, agents, load_s = await start_bridge(calls)
     audio = [espeak(q) for q in QUESTIONS]
     dest = ("127.0.0.1", server.port)
     cpu0, wall0 = time.process_time(), time.monotonic()
@@ -130,14 +143,14 @@ async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
         await server.stop()
     rows = []
     for call_rows, agent in zip(per_call, agents, strict=False):
-        rows += [_stages(r, agent.turns) for r in call_rows]
+        rows += [turn_stages(r, agent.turns) for r in call_rows]
     lat = [r["latency_ms"] for r in rows if r["latency_ms"] is not None]
     stages = {}
     for key in STAGES:
         vals = [float(r[key]) for r in rows if r.get(key) is not None]  # type: ignore[arg-type]
-        stages[key] = {"p50": _pct(vals, 50), "p95": _pct(vals, 95)}
+        stages[key] = {"p50": pct(vals, 50), "p95": pct(vals, 95)}
     vals = [float(r["write_to_wire_ms"]) for r in rows if r.get("write_to_wire_ms") is not None]  # type: ignore[arg-type]
-    stages["write_to_wire_ms"] = {"p50": _pct(vals, 50), "p95": _pct(vals, 95)}
+    stages["write_to_wire_ms"] = {"p50": pct(vals, 50), "p95": pct(vals, 95)}
     jb = [s.jitter.current_delay_ms for s in server.finished]
     return {
         "bench": "turn_latency",
@@ -145,9 +158,9 @@ async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
         "turns": len(rows),
         "answered_turns": len(lat),
         "codec": codec,
-        "latency_ms": {"p50": _pct(lat, 50), "p95": _pct(lat, 95), "max": _pct(lat, 100)},
+        "latency_ms": {"p50": pct(lat, 50), "p95": pct(lat, 95), "max": pct(lat, 100)},
         "stages": stages,
-        "bridge_jitter_delay_ms": _pct(jb, 50) if jb else None,
+        "bridge_jitter_delay_ms": pct(jb, 50) if jb else None,
         "cpu_percent_of_one_core": round(100 * cpu / wall, 1),
         "model_load_and_warmup_s": round(load_s, 2),
         "settings": asdict(config.agent.voice) | asdict(config.models),
