@@ -185,15 +185,16 @@ def _walk_section(section: str, value: Any, text: str, path: str) -> None:
         raise ConfigError(path, _line_of(text, "", section), section, "must be a [table]")
     schema = _SCHEMA[section]
     for key, v in value.items():
-        line = _line_of(text, section, key)
         dotted = f"{section}.{key}"
-        if key not in schema:
+        if key not in schema:  # the line is looked up only for a message: it scans the text
             raise ConfigError(
-                path, line, dotted, f"unknown key; allowed: {', '.join(sorted(schema))}"
-            )
+                path, _line_of(text, section, key), dotted,
+                f"unknown key; allowed: {', '.join(sorted(schema))}",
+            )  # fmt: skip
         types = schema[key]
         if (isinstance(v, bool) and bool not in types) or not isinstance(v, types):
             want = " or ".join("table" if t is dict else t.__name__ for t in types)
+            line = _line_of(text, section, key)
             raise ConfigError(path, line, dotted, f"expected {want}, got {v!r}")
         if isinstance(v, dict):
             _walk_section(dotted, v, text, path)
