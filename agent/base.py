@@ -24,6 +24,7 @@ __all__ = [
     "CallInfo",
     "DtmfEvent",
     "HangupEvent",
+    "ModelFault",
     "PauseAgent",
     "ResumeAgent",
     "SayText",
@@ -72,7 +73,7 @@ class TransferRequest:
 # A string: TransferResult is defined at the end of the module.
 AgentEvent: TypeAlias = (
     "DtmfEvent | HangupEvent | TransferRequest | TransferResult | TurnCompleted | SayText"
-    " | PauseAgent | ResumeAgent"
+    " | PauseAgent | ResumeAgent | ModelFault"
 )
 
 
@@ -179,3 +180,15 @@ class TransferResult:
     outcome: Literal["succeeded", "failed"]
     status: int = 0
     reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFault:
+    """From the agent: a model it depends on raised, or gave no result within
+    ``[agent] model_timeout_s``; the call cannot go on with this agent. ``stage`` names the
+    model's job (vad, turn, asr, tts, speech_model...), ``reason`` what happened. The
+    bridge stops the agent, plays the fallback prompt itself, then hangs up or transfers
+    (``[agent] on_model_fault``); the agent reports at most one per call."""
+
+    reason: str
+    stage: str

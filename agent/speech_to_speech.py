@@ -5,6 +5,12 @@ caller's audio into model frames, runs each frame (directly, or through a cross-
 :class:`~model_runtime.batching.TickBatcher` so one session run serves every call in the
 tick) and writes whatever the model says, in frame order, to the call. Turn-taking and
 barge-in are the model's business: it hears the caller continuously.
+
+A model run that raises (inline, or a batch that failed) is a fault of the call: its
+frame is skipped and the agent emits one :class:`~agent.base.ModelFault`, on which the
+bridge stops it and takes the call over (fallback prompt, then hang-up or transfer). Runs
+happen on the event loop's thread here, so a run that hangs cannot be timed out from
+inside the process.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ from typing import Any, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.base import Agent, AgentOutput, CallInfo
+from agent.base import Agent, AgentOutput, CallInfo, ModelFault
 from model_runtime.speech_to_speech import SpeechToSpeechModel, StreamState
 
 __all__ = ["FrameBatcher", "SpeechToSpeechAgent"]
@@ -57,6 +63,7 @@ class SpeechToSpeechAgent(Agent):
         self.frames_in = 0
         self.samples_out = 0
         self.failed_frames = 0
+        self.fault: ModelFault | None = None
 
     async def start(self, call: CallInfo, output: AgentOutput) -> None:
         self.call = call
@@ -74,7 +81,13 @@ class SpeechToSpeechAgent(Agent):
             seq = self._next_seq
             self._next_seq += 1
             if self.batcher is None:
-                self._deliver(seq, self.model.run(frame[None], [self.state])[0])
+                try:
+                    y = self.model.run(frame[None], [self.state])[0]
+                except Exception as exc:  # skip the frame, as a failed batch does
+                    self.failed_frames += 1
+                    self._fault(exc)
+                    y = np.zeros(0, np.float32)
+                self._deliver(seq, y)
             else:
                 self.batcher.submit((frame, self.state), self._done_callback(seq))
 
@@ -82,10 +95,18 @@ class SpeechToSpeechAgent(Agent):
         def done(result: Any) -> None:
             if isinstance(result, Exception):  # the batch failed (TickBatcher logged it)
                 self.failed_frames += 1
+                self._fault(result)
                 result = np.zeros(0, np.float32)  # skip the frame, keep the order
             self._deliver(seq, np.asarray(result, dtype=np.float32))
 
         return done
+
+    def _fault(self, exc: Exception) -> None:
+        """The first failed run of the call: tell the bridge (once)."""
+        if self.fault is None:
+            self.fault = ModelFault(f"{type(exc).__name__}: {exc}", "speech_model")
+            if self._output is not None:
+                self._output.emit(self.fault)
 
     def _deliver(self, seq: int, y: NDArray[np.float32]) -> None:
         """Write frame ``seq`` once every earlier frame is written."""

@@ -33,6 +33,7 @@ from agent.base import (
     CallInfo,
     DtmfEvent,
     HangupEvent,
+    ModelFault,
     PauseAgent,
     ResumeAgent,
     SayText,
@@ -41,6 +42,7 @@ from agent.base import (
     TurnCompleted,
 )
 from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, SendDtmf, Transfer
+from agent.model_guard import ModelGuard
 from agent.profile import AgentProfile
 from agent.reply_playout import ReplyPlayout
 from agent.speculation import Speculation
@@ -106,7 +108,10 @@ class VoiceAgent(Agent):
         settings: VoiceSettings | None = None,
         *,
         engine_factory: Callable[[AgentProfile, CallInfo], DialogueEngine] | None = None,
+        model_timeout_s: float = 10.0,
     ) -> None:
+        """``model_timeout_s``: a model run still going after this long is a
+        :class:`ModelFault` of the call, as is one that raises (0: no time limit)."""
         self.models = models
         self.profile = profile
         # barge-in is the profile's to shape (a menu may want it off, a chatty agent longer)
@@ -126,9 +131,12 @@ class VoiceAgent(Agent):
         self._out: AgentOutput | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._up = Resampler(RATE, 16000)
+        # every model run of this call goes through its guard: a raise or a hang is a fault
+        self.guard = ModelGuard(models.executor, model_timeout_s)
         self._vad = models.vad_stream(self._on_vad)
-        self._stt = models.transcriber()
-        self._eot = models.end_of_turn(self.settings)
+        self._vad_errors = 0
+        self._stt = models.transcriber(self.guard.executor("asr"))
+        self._eot = models.end_of_turn(self.settings, self.guard.executor("turn"))
         self.playout = ReplyPlayout()
         self._tick = 0
         self._user_speaking = False  # VAD's window-by-window decision
@@ -163,6 +171,7 @@ class VoiceAgent(Agent):
         self._loop = asyncio.get_running_loop()
         self._drained = asyncio.Event()
         self._drained.set()
+        self.guard.bind(self._loop, self._on_fault)
         self.engine = self._engine_factory(self.profile, call)
         self._spawn(self._play_parts(_aiter(self.engine.greeting()), None))
 
@@ -178,9 +187,17 @@ class VoiceAgent(Agent):
         self._heard.append(float(np.mean(pcm.astype(np.float64) ** 2)))
         if self._drained is not None and not self.playout.playing:
             self._drained.set()
-        if self.paused:  # an operator took over: the caller is not talking to us
+        if self.paused or self.guard.fault is not None:  # an operator took over, or a
+            return  # model failed (the bridge takes the call over)
+        try:
+            self._vad.push(pcm)
+        except Exception as exc:  # the VAD ran inline (no batching) and raised
+            self.guard.report(f"{type(exc).__name__}: {exc}", "vad")
             return
-        self._vad.push(pcm)
+        if self._vad.errors != self._vad_errors:  # a batch with our window raised
+            self._vad_errors = self._vad.errors
+            self.guard.report("VAD run failed (see the batcher's log)", "vad")
+            return
         if self._user_speaking:
             self._last_speech_t = now
             self._speech_ticks += 1
@@ -246,6 +263,7 @@ class VoiceAgent(Agent):
 
     async def stop(self) -> None:
         self._closed = True
+        self.guard.close()
         self._gen += 1  # audio already on its way from the executor is stale now
         self._cancel.set()
         for t in list(self._tasks):
@@ -254,6 +272,15 @@ class VoiceAgent(Agent):
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await t
         self._out = None
+
+    def _on_fault(self, fault: ModelFault) -> None:
+        """A model raised or hung: say nothing more (what is on its way is stale) and tell
+        the bridge, which stops us and plays the fallback prompt."""
+        self._gen += 1
+        self._cancel.set()
+        self._drop_speculation()
+        if self._out is not None:
+            self._out.emit(fault)
 
     # -- listening -------------------------------------------------------------------------
 
@@ -320,9 +347,8 @@ class VoiceAgent(Agent):
         a fork of the engine."""
         assert self.engine is not None  # start() made it
         texts, self._carry = [*self._carry, text], []
-        return Speculation(
-            texts, self.engine.fork(), self.models, self.models.executor, first_words=FIRST_WORDS
-        )
+        tts = self.guard.executor("tts")
+        return Speculation(texts, self.engine.fork(), self.models, tts, first_words=FIRST_WORDS)
 
     def _drop_speculation(self) -> None:
         """The caller went on: the utterance, still open in the transcriber, goes on too
@@ -447,8 +473,14 @@ class VoiceAgent(Agent):
             deliver(*first)
 
         def work() -> None:
+            pieces = self.models.speak(text, cancel, skip=int(first is not None))
             try:
-                for sentence, pcm in self.models.speak(text, cancel, skip=int(first is not None)):
+                while True:
+                    with self.guard.watch("tts"):  # one sentence's synthesis: one model run
+                        item = next(pieces, None)
+                    if item is None:
+                        break
+                    sentence, pcm = item
                     if timing is not None and not timing.tts_first and pcm is not None:
                         timing.tts_first = time.monotonic()
                     loop.call_soon_threadsafe(deliver, sentence, pcm)

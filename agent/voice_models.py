@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import cast
 
 import numpy as np
@@ -93,18 +93,19 @@ class VoiceModels:
         batcher = self._vad_batcher() if self.settings.batch_vad else None
         return VadGate(self.vad, batcher, on_vad)
 
-    def transcriber(self) -> IncrementalTranscriber:
+    def transcriber(self, executor: Executor | None = None) -> IncrementalTranscriber:
+        """``executor``: where its runs go (a call's guarded view of :attr:`executor`)."""
         # the open segment is sent off as early as smart-turn is asked: both are done by
         # the time the pause is long enough to end the turn
-        return IncrementalTranscriber(self.asr, self.executor, early_s=0.06)
+        return IncrementalTranscriber(self.asr, executor or self.executor, early_s=0.06)
 
-    def end_of_turn(self, s: VoiceSettings) -> EndOfTurn:
+    def end_of_turn(self, s: VoiceSettings, executor: Executor | None = None) -> EndOfTurn:
         return EndOfTurn(
             self.turn,
             threshold=s.turn_threshold,
             stop_s=s.pause_ms / 1000,
             max_silence_s=s.max_silence_ms / 1000,
-            executor=self.executor,
+            executor=executor or self.executor,
         )
 
     def speak(
@@ -157,6 +158,11 @@ class VadGate:
 
     def push(self, pcm8k: NDArray[np.int16]) -> None:
         self._stream.push(pcm8k)
+
+    @property
+    def errors(self) -> int:
+        """Windows whose VAD run failed (a batch that raised)."""
+        return self._stream.errors
 
     def _prob(self, p: float) -> None:
         seg = self._segmenter

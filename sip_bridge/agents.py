@@ -1,18 +1,24 @@
 """Which agent answers a call, from config: the line-check agents, or the voice agent whose
-models are loaded and warmed once per process (before the first call, not during it)."""
+models are loaded and warmed once per process (before the first call, not during it); and,
+when a call's agent reports a model fault, the fallback prompt that takes its place."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Literal, cast
+
+import numpy as np
+from numpy.typing import NDArray
 
 from agent.base import Agent
 from agent.echo import EchoAgent
-from agent.playback import PlaybackAgent
+from agent.fallback_prompt import FallbackPromptAgent
+from agent.playback import PlaybackAgent, load_wav
 from agent.tone import ToneAgent
 from sip_bridge.config import BridgeConfig, SpeechModelConfig
 
@@ -22,8 +28,10 @@ if TYPE_CHECKING:
     from agent.voice_models import VoiceModels
     from model_runtime.sessions import Device
     from model_runtime.speech_to_speech import SpeechToSpeechModel
+    from sip_bridge.config_types import AgentConfig
+    from sip_bridge.media import CallMedia
 
-__all__ = ["load_agent_models", "make_agent", "prepare_agents"]
+__all__ = ["fallback_prompt", "load_agent_models", "make_agent", "prepare_agents", "take_over"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +39,7 @@ _lock = threading.Lock()
 _models: dict[object, VoiceModels] = {}
 _profiles: dict[tuple[str, int], AgentProfile] = {}  # (path, mtime): an edit loads anew
 _speech: dict[SpeechModelConfig, tuple[SpeechToSpeechModel, FrameBatcher | None]] = {}
+_prompts: dict[tuple[str, int], NDArray[np.int16]] = {}
 
 
 def make_agent(config: BridgeConfig) -> Agent:
@@ -53,7 +62,7 @@ def make_agent(config: BridgeConfig) -> Agent:
         hours = profile.hours
         if hours is not None and not hours.is_open(datetime.now(UTC)):
             profile = _profile(hours.after_hours_profile)  # loaded at start: cached
-        return VoiceAgent(models, profile, a.voice)
+        return VoiceAgent(models, profile, a.voice, model_timeout_s=a.model_timeout_s)
     if a.name == "speech_model":
         from agent.speech_to_speech import SpeechToSpeechAgent
 
@@ -90,10 +99,49 @@ def _speech_model(config: BridgeConfig) -> tuple[SpeechToSpeechModel, FrameBatch
     return entry
 
 
+def fallback_prompt(a: AgentConfig, sample_rate: int) -> NDArray[np.int16]:
+    """``[agent] fallback_prompt`` at ``sample_rate``, decoded once (empty: no prompt)."""
+    if not a.fallback_prompt:
+        return np.zeros(0, np.int16)
+    key = (a.fallback_prompt, sample_rate)
+    with _lock:
+        pcm = _prompts.get(key)
+        if pcm is None:
+            pcm = _prompts[key] = load_wav(a.fallback_prompt, sample_rate)
+            pcm.flags.writeable = False
+    return pcm
+
+
+async def take_over(media: CallMedia, a: AgentConfig) -> None:
+    """A model fault: silence the failed agent (its queued audio is dropped), stop it, and
+    put the fallback prompt in its place, which then hangs up or transfers. The prompt
+    agent answers at the failed one's rate, so the call's resamplers fit it."""
+    old = media.agent
+    media.output.flush()
+    media.agent = silent = FallbackPromptAgent(np.zeros(0, np.int16), old.sample_rate)
+    try:
+        await old.stop()
+    except Exception:  # it failed already; its stop must not keep the caller waiting
+        log.exception("call %s: the failed agent %s did not stop cleanly", media.call.call_id,
+                      old.name)  # fmt: skip
+    # decoded once per rate, off the loop (a first decode designs a resampler's filter)
+    loop = asyncio.get_running_loop()
+    pcm = await loop.run_in_executor(None, fallback_prompt, a, old.sample_rate)
+    action = cast(Literal["hangup", "transfer"], a.on_model_fault)
+    prompt = FallbackPromptAgent(pcm, old.sample_rate, action=action,
+                                 transfer_to=a.fault_transfer_to)  # fmt: skip
+    if media.agent is not silent:  # replaced meanwhile: not ours to undo
+        return
+    media.agent = prompt  # from the next tick on, the media talks to the prompt
+    await prompt.start(media.call, media.output)
+
+
 def load_agent_models(config: BridgeConfig) -> None:
     """Before the bridge listens: load (and warm) what the configured agent runs on, so a
     missing model or a model that does not fit its declaration stops the start in one line,
     and the first caller does not wait. Blocking: seconds on a cold start."""
+    for rate in (8000, 16000, 24000):  # the fallback prompt: decoded before a call needs it
+        fallback_prompt(config.agent, rate)
     if config.agent.name == "voice":
         prepare_agents(config)
     elif config.agent.name == "speech_model":

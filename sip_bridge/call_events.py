@@ -15,6 +15,7 @@ seconds. The events and the fields their builders below produce:
 - ``turn``: ``caller_text``, ``agent_text``, ``timings_ms`` (stage -> milliseconds)
 - ``dtmf``: ``digit``, ``method``
 - ``transfer``: ``target``, ``outcome``
+- ``model_fault``: ``stage``, ``reason``, ``action`` (a model raised or hung mid-call)
 - ``ended`` (the call's record): ``started_at``, ``answered_at``, ``ended_at``,
   ``duration_s``, ``outcome``, ``reason``, ``codec``, ``stats`` (packet, jitter, loss)
 - ``error``: ``source``, ``message`` and whatever detail helps
@@ -36,7 +37,17 @@ from dataclasses import dataclass
 SCHEMA = 1
 ROOT = "sipbridge"
 EVENTS = frozenset(
-    {"started", "answered", "turn", "dtmf", "transfer", "recording", "ended", "error"}
+    {
+        "started",
+        "answered",
+        "turn",
+        "dtmf",
+        "transfer",
+        "recording",
+        "model_fault",
+        "ended",
+        "error",
+    }
 )
 MAX_COMMAND_BYTES = 16 * 1024
 MAX_SEGMENT_CHARS = 256
@@ -168,6 +179,13 @@ def dtmf(digit: str, method: str = "rfc4733") -> dict[str, object]:
 def transfer(target: str, outcome: str, status: int = 0, reason: str = "") -> dict[str, object]:
     """A transfer attempt and how it ended (the SIP status and reason behind it)."""
     return {"target": target, "outcome": outcome, "status": status, "reason": reason}
+
+
+def model_fault(stage: str, reason: str, action: str) -> dict[str, object]:
+    """A model of the call's agent raised or hung (``stage``: vad, turn, asr, tts,
+    speech_model...); the bridge plays the fallback prompt, then ``action``: hangup or
+    transfer."""
+    return {"stage": stage, "reason": reason, "action": action}
 
 
 def recording(path: str) -> dict[str, object]:

@@ -151,6 +151,13 @@ class CallTelemetry:
         self._event(call_id, "turn", ce.turn(t.caller_text, t.agent_text, t.stages_ms,
                                              t.barged_in))  # fmt: skip
 
+    def model_fault(self, call_id: str, stage: str, reason: str, action: str) -> None:
+        """A model of the call's agent raised or hung: the timeline, the fault counter and
+        a ``model_fault`` event (the record's end reason comes with :meth:`ended`)."""
+        if self.metrics is not None:
+            self.metrics.model_fault(stage)
+        self.event(call_id, "model_fault", ce.model_fault(stage, reason, action))
+
     def event(self, call_id: str, kind: str, fields: dict[str, Any]) -> None:
         """A line in the call's timeline (``fields`` from the call_events builder of
         ``kind``: dtmf, transfer, recording): records and events."""

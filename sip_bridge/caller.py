@@ -59,6 +59,7 @@ class CallOptions:
     answer_timeout_s: float = 30.0
     tail_s: float = 1.0
     local_host: str | None = None  # default: the address that routes to the target
+    srtp: str = "optional"  # "required": offer RTP/SAVP with SDES keys (sip_bridge.srtp)
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ async def place_call(opts: CallOptions) -> CallResult:
         opts.target,
         sip.local,
         dest,
-        MediaConfig(host, lease.port, telephone_event=opts.telephone_event),
+        MediaConfig(host, lease.port, telephone_event=opts.telephone_event, srtp=opts.srtp),
         answer_timeout_s=opts.answer_timeout_s,
     )
     media: CallMedia | None = None

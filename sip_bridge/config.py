@@ -7,9 +7,11 @@ with the file, the line, the key and what is allowed; unknown keys are errors
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import tomllib
+import wave
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,6 +20,7 @@ from agent.voice_settings import DEVICES, ModelSettings, VoiceSettings
 from sip_bridge.config_types import (
     AGENTS,
     DEMO_PROFILE,
+    MODEL_FAULT_ACTIONS,
     SYMMETRIC,
     TRANSPORTS,
     AgentConfig,
@@ -43,6 +46,7 @@ from sip_bridge.config_types import (
     parse_port_range,
 )
 from sip_bridge.routes import parse_routes
+from sip_bridge.srtp import SRTP_MODES
 from sip_bridge.trunks import entry_key_line, parse_trunks
 
 __all__ = [
@@ -70,6 +74,8 @@ __all__ = [
 ]
 
 
+log = logging.getLogger(__name__)
+
 # section -> key -> expected python type(s)
 _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "sip": {
@@ -82,6 +88,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "answer_after_s": (int, float),
         "max_call_s": (int, float),
         "drain_s": (int, float),
+        "srtp": (str,),
         "timers": (dict,),
         "tls": (dict,),
     },
@@ -102,6 +109,10 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "echo": (dict,),
         "tone": (dict,),
         "playback": (dict,),
+        "model_timeout_s": (int, float),
+        "fallback_prompt": (str,),
+        "on_model_fault": (str,),
+        "fault_transfer_to": (str,),
     },
     "agent.voice": {
         "profile": (str,),
@@ -236,6 +247,9 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             _check_choice(t, TRANSPORTS, p, _line_of(text, "sip", "transports"), "sip.transports")
         sip["transports"] = tuple(sip["transports"])
     sip_cfg = SipConfig(timers=timers, tls=tls, **sip)
+    _check_choice(sip_cfg.srtp, SRTP_MODES, p, _line_of(text, "sip", "srtp"), "sip.srtp")
+    if sip_cfg.srtp == "required" and not sip_cfg.tls.enabled:
+        log.warning("%s: sip.srtp = required without [sip.tls]: SDES keys go in clear SIP", p)
     _check_hostport(sip_cfg.listen, p, _line_of(text, "sip", "listen"), "sip.listen")
     if sip_cfg.external_address in ("0.0.0.0", "::"):
         raise ConfigError(
@@ -311,6 +325,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             what = f"no such file: {wav}" if agent_cfg.playback_file else "is required"
             raise ConfigError(p, line, "agent.playback.file", what)
         agent_cfg = replace(agent_cfg, playback_file=str(wav))
+    agent_cfg = _build_model_fault(agent_cfg, text, p)
     inbound = InboundConfig(**data.get("inbound", {}))
     if inbound.rate_per_s < 0 or inbound.burst < 1:
         line = _line_of(text, "inbound", "rate_per_s" if inbound.rate_per_s < 0 else "burst")
@@ -375,6 +390,50 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         control=control,
         path=p,
     )
+
+
+def _build_model_fault(a: AgentConfig, text: str, p: str) -> AgentConfig:
+    """[agent] model fault keys. The prompt is checked now (mono 16-bit WAV at 8, 16 or
+    24 kHz), not when a model fails mid-call and the caller is waiting for it."""
+    if not 0 <= a.model_timeout_s <= 600:
+        line = _line_of(text, "agent", "model_timeout_s")
+        raise ConfigError(p, line, "agent.model_timeout_s", "must be 0 (no limit) .. 600 s")
+    line = _line_of(text, "agent", "on_model_fault")
+    _check_choice(a.on_model_fault, MODEL_FAULT_ACTIONS, p, line, "agent.on_model_fault")
+    target = a.fault_transfer_to.strip()
+    if a.on_model_fault == "transfer" and not target:
+        raise ConfigError(p, line, "agent.fault_transfer_to", "is required with on_model_fault"
+                          ' = "transfer"')  # fmt: skip
+    if target and not re.fullmatch(r"sips?:[^\s<>\"]+|\+?[0-9*#]{1,32}", target):
+        line = _line_of(text, "agent", "fault_transfer_to")
+        raise ConfigError(p, line, "agent.fault_transfer_to", "must be a sip: URI or a number")
+    prompt = a.fallback_prompt
+    if prompt:
+        f = Path(prompt)
+        f = f if f.is_absolute() else Path(p).resolve().parent / f  # relative to the file
+        problem = _prompt_problem(f)
+        if problem:
+            line = _line_of(text, "agent", "fallback_prompt")
+            raise ConfigError(p, line, "agent.fallback_prompt", problem)
+        prompt = str(f)
+    return replace(a, model_timeout_s=float(a.model_timeout_s), fallback_prompt=prompt,
+                   fault_transfer_to=target)  # fmt: skip
+
+
+def _prompt_problem(f: Path) -> str:
+    """What is wrong with a fallback prompt file ("" when nothing)."""
+    if not is_file(f):
+        return f"no such file: {f}"
+    try:
+        with wave.open(str(f), "rb") as w:
+            shape = (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes())
+    except (wave.Error, EOFError, OSError) as exc:
+        return f"{f}: not a WAV file ({exc})"
+    channels, width, rate, frames = shape
+    if channels != 1 or width != 2 or rate not in (8000, 16000, 24000) or frames == 0:
+        got = f"{channels} channel(s), {8 * width}-bit, {rate} Hz, {frames} samples"
+        return f"{f}: need mono 16-bit PCM at 8, 16 or 24 kHz with audio, got {got}"
+    return ""
 
 
 def _build_speech_model(sm: dict[str, Any] | None, text: str, p: str) -> SpeechModelConfig | None:

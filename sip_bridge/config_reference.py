@@ -33,6 +33,7 @@ MEANINGS: dict[str, str] = {
     "sip.answer_after_s": "ring (180) this long before answering, 0..60",
     "sip.max_call_s": "hang up after this long; 0 = no limit",
     "sip.drain_s": "SIGTERM: calls in progress may go on this long, new ones get 503",
+    "sip.srtp": "SDES-SRTP for calls no trunk claims: `off`, `optional`, `required`",
     "sip.timers": "RFC 3261 timer base values (table)",
     "sip.tls": "SIP over TLS listener (table)",
     "sip.timers.t1": "RTT estimate, s (Timers A, B, E, F, G, H, J derive from it)",
@@ -54,6 +55,12 @@ MEANINGS: dict[str, str] = {
     "agent.echo": "the echo line check (table)",
     "agent.tone": "the tone line check (table)",
     "agent.playback": "the WAV line check (table)",
+    "agent.model_timeout_s": "a model run (ASR, turn, TTS) still going after this long is a "
+    "model fault of its call, as is one that raises; 0 = no limit, up to 600",
+    "agent.fallback_prompt": "what a caller hears after a model fault: mono 16-bit WAV at "
+    "8/16/24 kHz, relative to the file; empty: nothing",
+    "agent.on_model_fault": '`"hangup"` (BYE after the prompt) or `"transfer"` (REFER)',
+    "agent.fault_transfer_to": 'where `"transfer"` sends the caller: a `sip:` URI or a number',
     "agent.voice.profile": "the dialogue (config/agents/README.md), relative to the file",
     "agent.voice.echo_margin_db": "barge-in: the caller must be this much above our echo",
     "agent.voice.turn_threshold": "smart-turn probability that ends a turn at a pause",
@@ -108,6 +115,8 @@ MEANINGS: dict[str, str] = {
     "trunks.inbound_auth": "challenge this trunk's INVITEs with digest",
     "trunks.realm": "realm of our challenges",
     "trunks.auth_algorithms": 'challenges offered, in order: `"SHA-256"`, `"MD5"`',
+    "trunks.srtp": "SDES-SRTP: `off`, `optional` (if offered), `required` (488 without)",
+    "trunks.srtp_without_tls": "allow `srtp = required` without TLS (keys in clear SIP)",
     "routes.name": "required, unique",
     "routes.called": "pattern on the called number (Request-URI user part)",
     "routes.caller": "pattern on the caller (From user part)",
@@ -154,6 +163,8 @@ def _default(section: str, key: str) -> str:
             return "(table)"
         if name == "voice_profile":
             return "the demo profile"
+        if name == "fallback_prompt":
+            return "`prompts/technical_difficulty.wav`"
         if isinstance(value, tuple):
             value = list(value)
         return f"`{_toml(value)}`"

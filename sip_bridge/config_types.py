@@ -18,6 +18,8 @@ from sip_bridge.trunks import TrunkConfig
 __all__ = [
     "AGENTS",
     "DEMO_PROFILE",
+    "FALLBACK_PROMPT",
+    "MODEL_FAULT_ACTIONS",
     "SYMMETRIC",
     "TRANSPORTS",
     "AgentConfig",
@@ -42,6 +44,12 @@ __all__ = [
 
 #: The shipped demo agent profile (config/agents/demo.toml in a checkout).
 DEMO_PROFILE = Path(__file__).resolve().parent.parent / "config" / "agents" / "demo.toml"
+#: The shipped "technical difficulties" prompt (config/prompts/, rendered by our TTS voice).
+FALLBACK_PROMPT = (
+    Path(__file__).resolve().parent.parent / "config" / "prompts" / "technical_difficulty.wav"
+)
+#: What the bridge does after a model fault's fallback prompt.
+MODEL_FAULT_ACTIONS = ("hangup", "transfer")
 
 
 class ConfigError(ValueError):
@@ -86,6 +94,7 @@ class SipConfig:
     answer_after_s: float = 0.0  # ring this long (180 Ringing) before answering
     max_call_s: float = 0.0  # hang up (BYE) after this long; 0 = no limit
     drain_s: float = 30.0  # SIGTERM: calls in progress may go on this long (new ones: 503)
+    srtp: str = "optional"  # SDES-SRTP for calls no trunk claims: off / optional / required
     timers: TimersConfig = field(default_factory=TimersConfig)
     tls: TlsConfig = field(default_factory=TlsConfig)
 
@@ -145,6 +154,12 @@ class AgentConfig:
     voice_profile: str = str(DEMO_PROFILE)  # the dialogue: greeting, intents, replies
     voice: VoiceSettings = field(default_factory=VoiceSettings)
     speech_model: SpeechModelConfig | None = None  # name = "speech_model"
+    # a model run that raises or takes longer than model_timeout_s (0: no limit) is a model
+    # fault: the bridge plays fallback_prompt ("": none), then hangs up or transfers
+    model_timeout_s: float = 10.0
+    fallback_prompt: str = str(FALLBACK_PROMPT)
+    on_model_fault: str = "hangup"  # or "transfer", to fault_transfer_to
+    fault_transfer_to: str = ""
 
 
 @dataclass(frozen=True)

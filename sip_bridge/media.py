@@ -53,6 +53,7 @@ from sip_bridge.rtcp_session import RtcpSession
 from sip_bridge.rtp import looks_like_rtcp
 from sip_bridge.rtp_ports import RtpPortPool
 from sip_bridge.rtp_receiver import CODECS, RATE, RtpReceiver, addr_key
+from sip_bridge.srtp import SrtpContext
 
 __all__ = [
     "CODECS",
@@ -110,6 +111,9 @@ class CallMedia:
         self.receiver.dtmf = dtmf
         self.receiver.on_accepted = self._on_rtp_accepted
         self.cname = cname or f"sip-bridge@{socket.gethostname()}"
+        # SDES-SRTP: every datagram in is unprotected (or dropped) first, every one out
+        # protected last; None for plain RTP, so those calls pay one test per packet.
+        self.srtp: SrtpContext | None = None if params.srtp is None else SrtpContext(params.srtp)
         self._rtcp_rand = rtcp_rand  # tests pass a constant for a predictable schedule
         self.rtcp: RtcpLink | None = None  # from start()
         self._rtcp_transport: asyncio.DatagramTransport | None = None
@@ -159,6 +163,7 @@ class CallMedia:
 
     @property
     def stats(self) -> MediaStats:
+        srtp = self.srtp
         return MediaStats(
             local_port=self._lease.port if self._lease else 0,
             **self.receiver.counters(),
@@ -177,6 +182,10 @@ class CallMedia:
             receiving=self.params.receive,
             pop_after_due_ms=1000.0 * self._pop_wait[0] / max(1, self._pop_wait[1]),
             **delay_figures(self.first_frame_delays),
+            srtp_protected=srtp.protected if srtp is not None else 0,
+            srtp_unprotected=srtp.unprotected if srtp is not None else 0,
+            srtp_auth_fail=srtp.auth_fail if srtp is not None else 0,
+            srtp_replay=srtp.replay if srtp is not None else 0,
         )
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -203,6 +212,7 @@ class CallMedia:
         )
         p = self.params
         self.rtcp = RtcpLink(session, rtcp_remote(p), mux=p.rtcp_mux, latch=p.latch)
+        self.rtcp.srtp = self.srtp
         self.receiver.on_accepted = session.on_rtp_received  # one call less per packet
         try:
             if not p.rtcp_mux:
@@ -262,6 +272,11 @@ class CallMedia:
             return
         if now is None:
             now = asyncio.get_running_loop().time()
+        if self.srtp is not None:
+            clear = self.srtp.unprotect(data)
+            if clear is None:
+                return  # failed authentication or replay (counted): never latched on
+            data = clear
         if self.params.receive and self.receiver.take_audio(data, addr, now):
             return  # the common packet: audio from the peer (no digits, never RTCP)
         if looks_like_rtcp(data):  # rtcp-mux, or a peer that muxes anyway: digest it
@@ -496,7 +511,10 @@ class CallMedia:
         data = sender.next_packet(payload, self.frame_samples)
         if self.params.send:  # what _send_datagram does, for the packet sent every frame
             assert self._sock is not None
-            self._sock.sendto(data, dest)
+            if self.srtp is None:
+                self._sock.sendto(data, dest)
+            else:
+                self.srtp.send(self._sock, data, dest)
             if self.rtcp is not None:
                 self.rtcp.session.on_rtp_sent(len(data), len(payload), ts, now)
         if self._spurt_go and self._spurt_t is not None:
@@ -507,7 +525,10 @@ class CallMedia:
         if not self.params.send:
             return
         assert self._sock is not None
-        self._sock.sendto(data, dest)
+        if self.srtp is None:
+            self._sock.sendto(data, dest)
+        else:
+            self.srtp.send(self._sock, data, dest)
         if self.rtcp is not None:
             ts = int.from_bytes(data[4:8], "big")
             self.rtcp.session.on_rtp_sent(len(data), size, ts, now)
@@ -527,6 +548,11 @@ class CallMedia:
     def _send_rtcp(self, data: bytes) -> None:
         link = self.rtcp
         assert link is not None and self._lease is not None
+        if self.srtp is not None:
+            protected = self.srtp.protect_rtcp(data)
+            if protected is None:
+                return
+            data = protected
         send = self._sock.sendto if self._sock is not None else self._lease.transport.sendto
         if link.mux:
             send(data, self.receiver.remote)

@@ -16,6 +16,7 @@ from sip_bridge.rtp_receiver import CODECS, RATE
 
 if TYPE_CHECKING:
     from sip_bridge.offer_answer import NegotiatedMedia
+    from sip_bridge.srtp import SrtpKeys
 
 __all__ = ["MediaParams", "MediaStats", "delay_figures"]
 
@@ -41,6 +42,7 @@ class MediaParams:
     rtcp_mux: bool = False  # RTCP on the RTP ports both ways (RFC 5761)
     send: bool = True  # False while the peer holds us (recvonly/inactive): send no RTP
     receive: bool = True  # False when the peer will not send: incoming audio is ignored
+    srtp: SrtpKeys | None = None  # SDES-SRTP keys (sip_bridge.srtp); None: plain RTP
 
     @property
     def dtmf_send_pt(self) -> int | None:
@@ -88,6 +90,7 @@ class MediaParams:
             rtcp_mux=neg.rtcp_mux,
             send=neg.can_send,
             receive=neg.can_receive,
+            srtp=neg.srtp,
         )
 
 
@@ -133,6 +136,12 @@ class MediaStats:
     first_frame_delay_p50_ms: float = 0.0
     first_frame_delay_p99_ms: float = 0.0
     first_frame_delay_max_ms: float = 0.0
+    # SRTP calls only: packets protected (sent) and unprotected (accepted), and arrivals
+    # dropped for failed authentication (tampered, injected plain RTP) or replay.
+    srtp_protected: int = 0
+    srtp_unprotected: int = 0
+    srtp_auth_fail: int = 0
+    srtp_replay: int = 0
 
 
 def delay_figures(delays_s: Collection[float]) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, cast
 from sip_bridge.rtcp import RtcpError
 from sip_bridge.rtcp_session import RtcpReport, RtcpSession
 from sip_bridge.rtp_receiver import addr_key
+from sip_bridge.srtp import SrtpContext
 
 if TYPE_CHECKING:
     from sip_bridge.media_params import MediaParams
@@ -58,6 +59,7 @@ class RtcpLink:
         self.latch = latch
         self.latched = False
         self.stats = RtcpPeerStats()
+        self.srtp: SrtpContext | None = None  # SRTCP on the RTCP socket (the call's context)
 
     def retarget(self, remote: tuple[str, int], *, mux: bool, latch: bool) -> None:
         """A re-INVITE moved the peer: report there, latch afresh if latching."""
@@ -127,6 +129,12 @@ class RtcpProtocol(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         now = asyncio.get_running_loop().time()
+        srtp = self.link.srtp
+        if srtp is not None:
+            clear = srtp.unprotect_rtcp(data)
+            if clear is None:
+                return  # failed authentication or replay: counted, dropped
+            data = clear
         self.link.receive(data, (str(addr[0]), int(addr[1])), now)
 
     def error_received(self, exc: Exception) -> None:

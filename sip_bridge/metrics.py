@@ -42,7 +42,9 @@ Exposed (all prefixed ``sipbridge_``): ``calls_offered_total{trunk}``,
 ``calls_total{outcome}``, ``active_calls``, ``call_setup_seconds``,
 ``call_duration_seconds``, ``late_frames_total``, ``frames_sent_total``,
 ``jitter_buffer_delay_seconds``, ``call_loss_ratio``, ``turn_latency_seconds{stage}``,
-``model_inference_seconds{model,provider}``, ``media_path_info{mode}``.
+``model_inference_seconds{model,provider}``, ``media_path_info{mode}``,
+``model_faults_total{stage}`` (a model that raised or hung mid-call: the call got the
+fallback prompt).
 """
 
 from __future__ import annotations
@@ -77,6 +79,7 @@ log = logging.getLogger(__name__)
 
 OUTCOMES = ("answered", "rejected", "cancelled", "failed")
 TURN_STAGES = ("end_of_turn", "asr_tail", "dialogue", "tts_first_audio", "write_to_wire")
+FAULT_STAGES = ("vad", "turn", "asr", "tts", "speech_model")
 MEDIA_PATHS = ("compiled", "python")
 OTHER = "other"
 
@@ -137,6 +140,7 @@ class BridgeMetrics:
         r = self.registry
         self._outcome = _Bounded(OUTCOMES)
         self._stage = _Bounded((*TURN_STAGES, "total"))
+        self._fault_stage = _Bounded(FAULT_STAGES)
         self._mode = _Bounded(MEDIA_PATHS)
         self._trunk = _Bounded(cap=max_label_values)
         self._model = _Bounded(cap=max_label_values)
@@ -202,6 +206,12 @@ class BridgeMetrics:
             buckets=INFERENCE_BUCKETS,
             registry=r,
         )
+        self.faults = Counter(
+            "sipbridge_model_faults",
+            "Model runs that raised or hung mid-call, by stage; each ended its call's agent.",
+            ["stage"],
+            registry=r,
+        )
         self.mode = Info(
             "sipbridge_media_path",
             "How the media path runs: compiled (mypyc) or python.",
@@ -211,6 +221,8 @@ class BridgeMetrics:
             self.calls.labels(outcome)
         for stage in (*TURN_STAGES, "total"):
             self.turns.labels(stage)
+        for stage in FAULT_STAGES:
+            self.faults.labels(stage)
 
     def call_offered(self, trunk: str | None) -> None:
         """An INVITE started a call; ``trunk`` None (no trunk matched) counts as "none"."""
@@ -285,6 +297,10 @@ class BridgeMetrics:
         if v is not None:
             labels = self._model(model, none=OTHER), self._provider(provider, none=OTHER)
             self.inference.labels(*labels).observe(v)
+
+    def model_fault(self, stage: str) -> None:
+        """A call's model raised or hung (``stage``: vad, turn, asr, tts, speech_model)."""
+        self.faults.labels(self._fault_stage(stage, none=OTHER)).inc()
 
     def media_path(self, mode: str) -> None:
         """Whether the media path runs compiled or as Python (``media_path_info{mode}``)."""

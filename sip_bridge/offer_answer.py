@@ -3,25 +3,34 @@
 The SDP model and its parser live in :mod:`sip_bridge.sdp`; this module holds the
 decisions: which codec, which telephone-event payload type, which ptime and
 direction, and which address we advertise (from configuration, never a wildcard).
+
+SRTP (SDES, RFC 4568) follows ``MediaConfig.srtp``: ``off`` answers plain RTP only (an
+SAVP-only offer gets 488), ``optional`` answers with SRTP when the offer has a usable
+``a=crypto`` (on RTP/SAVP, or on RTP/AVP as "best effort" peers do) and plain RTP otherwise,
+``required`` refuses (488) any offer without a usable crypto line and offers RTP/SAVP
+itself. Our key is fresh per call (``MediaConfig.srtp_key``), never the peer's.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sip_bridge.sdp import (
     DIRECTIONS,
     Attributes,
     Codec,
     Connection,
+    CryptoAttribute,
     MediaDescription,
     NoCommonCodec,
     Origin,
     SdpError,
     SessionDescription,
 )
+from sip_bridge.srtp import SRTP_MODES, SUITES, SrtpKeys
 
 __all__ = [
     "MediaConfig",
@@ -36,6 +45,7 @@ __all__ = [
 _REVERSE = {"sendrecv": "sendrecv", "sendonly": "recvonly", "recvonly": "sendonly"}
 _PTIMES = (10, 20, 30, 40, 60)
 _RTP_PROTOS = ("RTP/AVP", "RTP/AVPF")
+_SRTP_PROTOS = ("RTP/SAVP", "RTP/SAVPF")
 _G711 = ("PCMU", "PCMA")
 _G711_PT = {"PCMU": 0, "PCMA": 8}
 _TE = "TELEPHONE-EVENT"
@@ -56,6 +66,10 @@ class MediaConfig:
     rtcp_mux: bool = False  # echo a=rtcp-mux when offered (RFC 5761); off: separate RTCP
     username: str = "sip-bridge"
     session_name: str = "sip-bridge"
+    srtp: str = "optional"  # off / optional / required (see the module docstring)
+    # Our SRTP master key||salt per suite of SUITES (30 bytes each), fresh per MediaConfig:
+    # one per call, so a re-offer in the same call keeps the key the media runs with.
+    srtp_key: bytes = field(default_factory=lambda: os.urandom(30 * len(SUITES)), repr=False)
 
     def __post_init__(self) -> None:
         for addr in (self.address, self.address6):
@@ -68,6 +82,13 @@ class MediaConfig:
             raise ValueError(f"codecs must be a non-empty subset of {_G711}")
         if self.ptime not in _PTIMES or not 96 <= self.telephone_event_pt <= 127:
             raise ValueError("bad ptime or telephone-event payload type")
+        if self.srtp not in SRTP_MODES or len(self.srtp_key) != 30 * len(SUITES):
+            raise ValueError(f"srtp must be one of {SRTP_MODES} (with a 60-byte srtp_key)")
+
+    def crypto(self, tag: int, suite: str) -> CryptoAttribute:
+        """Our a=crypto line for ``suite`` (answers reuse the offer's tag)."""
+        i = SUITES.index(suite)
+        return CryptoAttribute(tag, suite, self.srtp_key[30 * i : 30 * (i + 1)])
 
     def address_for(self, addrtype: str) -> tuple[str, str]:
         """(address, addrtype) matching the peer's family when we have one."""
@@ -106,6 +127,7 @@ class NegotiatedMedia:
     rtcp_port: int | None = None  # from a=rtcp; None means RTP port + 1 unless rtcp_mux
     rtcp_address: str | None = None
     rtcp_mux: bool = False
+    srtp: SrtpKeys | None = None  # SDES-SRTP keys, None for plain RTP
 
     @property
     def can_send(self) -> bool:
@@ -136,26 +158,50 @@ def _event_codec(codecs: list[Codec], rate: int) -> Codec | None:
     return next((c for c in codecs if c.name.upper() == _TE and c.clock_rate == rate), None)
 
 
-def _choose(offer: SessionDescription, local: MediaConfig) -> tuple[int, Codec]:
-    """The audio stream we accept and its codec, or :class:`NoCommonCodec`."""
+def _crypto(m: MediaDescription, local: MediaConfig, why: list[str]) -> CryptoAttribute | None:
+    """The first offered crypto line we can use (RFC 4568 6.1), None if none or srtp off."""
+    if local.srtp == "off":
+        return None
+    good, bad = m.cryptos()
+    why += bad
+    for c in good:
+        if c.supported:
+            return c
+        why.append(f"a=crypto {c.tag} {c.suite}: suite, MKI or session parameters unsupported")
+    return None
+
+
+def _choose(
+    offer: SessionDescription, local: MediaConfig
+) -> tuple[int, Codec, CryptoAttribute | None]:
+    """The audio stream we accept, its codec and crypto line, or :class:`NoCommonCodec`."""
     offered: list[str] = []
+    why: list[str] = []
     saw_audio = saw_rtp = False
     for i, m in enumerate(offer.media):
         if m.media != "audio" or m.port == 0:
             continue
         saw_audio = True
-        if m.proto.upper() not in _RTP_PROTOS:
+        proto = m.proto.upper()
+        if proto not in _RTP_PROTOS and proto not in _SRTP_PROTOS:
+            continue
+        crypto = _crypto(m, local, why)
+        if crypto is None and (proto in _SRTP_PROTOS or local.srtp == "required"):
             continue
         saw_rtp = True
         codecs = m.codecs()
         chosen = _pick(codecs, local)
         if chosen is not None:
-            return i, chosen
+            return i, chosen, crypto
         offered += [f"{c.name}/{c.clock_rate}" for c in codecs] or m.formats
     if not saw_audio:
         raise NoCommonCodec("no active audio stream offered", 304)
     if not saw_rtp:
-        raise NoCommonCodec("only secure or non-RTP audio offered (we do RTP/AVP)", 302)
+        if local.srtp == "off":
+            raise NoCommonCodec("only secure or non-RTP audio offered (we do RTP/AVP)", 302)
+        want = " or ".join(SUITES)
+        reason = f"; {why[0]}" if why else ""
+        raise NoCommonCodec(f"SRTP: no usable a=crypto offered (we do {want}){reason}", 302)
     want = ", ".join(local.codecs)
     raise NoCommonCodec(f"incompatible media format: offered {', '.join(offered)}; want {want}")
 
@@ -173,7 +219,7 @@ def answer(
     With ``previous`` (our last SDP in this dialog, for a re-INVITE) the session id is kept
     and the version goes up by one only if the body changed (RFC 3264 section 8).
     """
-    index, codec = _choose(offer, local)
+    index, codec, crypto = _choose(offer, local)
     m = offer.media[index]
     offer_conn = offer.connection_for(index)
     assert offer_conn is not None  # parse_sdp guarantees it for active streams
@@ -201,6 +247,8 @@ def answer(
     attrs.append(("ptime", str(ptime)))
     if local.rtcp_mux and m.has_attr("rtcp-mux"):
         attrs.append(("rtcp-mux", None))
+    if crypto is not None:
+        attrs.append(("crypto", local.crypto(crypto.tag, crypto.suite).to_str()))
     attrs.append((direction, None))
 
     media = [MediaDescription(o.media, 0, o.proto, list(o.formats)) for o in offer.media]
@@ -240,12 +288,17 @@ def make_offer(
         pt = local.telephone_event_pt
         formats.append(str(pt))
         attrs += [("rtpmap", f"{pt} telephone-event/8000"), ("fmtp", f"{pt} 0-16")]
-    attrs += [("ptime", str(local.ptime)), (direction, None)]
+    attrs.append(("ptime", str(local.ptime)))
+    proto = "RTP/AVP"
+    if local.srtp == "required":  # SDES: every suite we do, ours first (RFC 4568 6.1)
+        proto = "RTP/SAVP"
+        attrs += [("crypto", local.crypto(t, s).to_str()) for t, s in enumerate(SUITES, 1)]
+    attrs.append((direction, None))
     return SessionDescription(
         Origin(local.username, str(session_id), version, local.address, atype),
         local.session_name,
         Connection(local.address, atype),
-        media=[MediaDescription("audio", local.rtp_port, "RTP/AVP", formats, attributes=attrs)],
+        media=[MediaDescription("audio", local.rtp_port, proto, formats, attributes=attrs)],
     )
 
 
@@ -283,6 +336,7 @@ def _negotiated(local: SessionDescription, remote: SessionDescription, i: int) -
     recv = ldir in ("sendrecv", "recvonly") and rdir in ("sendrecv", "sendonly")
     direction = {(True, True): "sendrecv", (True, False): "sendonly", (False, True): "recvonly"}
     rtcp = rm.rtcp
+    srtp = _keys(lm, rm, i)
     return NegotiatedMedia(
         stream_index=i,
         remote_address=conn.host,
@@ -297,7 +351,21 @@ def _negotiated(local: SessionDescription, remote: SessionDescription, i: int) -
         rtcp_port=rtcp[0] if rtcp else None,
         rtcp_address=rtcp[1] if rtcp else None,
         rtcp_mux=lm.has_attr("rtcp-mux") and rm.has_attr("rtcp-mux"),
+        srtp=srtp,
     )
+
+
+def _keys(lm: MediaDescription, rm: MediaDescription, i: int) -> SrtpKeys | None:
+    """Our crypto line and the peer's with the same tag and suite (the answer has one)."""
+    mine, _ = lm.cryptos()
+    if not mine:
+        return None
+    theirs, _ = rm.cryptos()
+    for r in theirs:
+        for c in mine:
+            if (c.tag, c.suite) == (r.tag, r.suite) and c.supported and r.supported:
+                return SrtpKeys.from_crypto(c, r)
+    raise NoCommonCodec(f"stream {i}: no a=crypto matching ours (SRTP keys)", 302)
 
 
 def answered_media(offer: SessionDescription, our_answer: SessionDescription) -> NegotiatedMedia:
@@ -328,7 +396,8 @@ def accept_answer(our_offer: SessionDescription, answer_sdp: SessionDescription)
         for c in a.codecs():
             if not any(c.same_format(x) for x in offered):
                 raise SdpError(f"answer uses {c.name}/{c.clock_rate}, which we did not offer")
-        if chosen is None and a.media == "audio" and a.proto.upper() in _RTP_PROTOS:
+        secure = a.proto.upper() in _SRTP_PROTOS
+        if chosen is None and a.media == "audio" and (a.proto.upper() in _RTP_PROTOS or secure):
             chosen = i
     if chosen is None:
         raise NoCommonCodec("the answer rejected our audio stream")

@@ -18,6 +18,8 @@ aligned, as RFC 3264 section 6 requires.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import copy
 import re
 from dataclasses import dataclass, field
@@ -27,6 +29,7 @@ __all__ = [
     "STATIC_PAYLOAD_TYPES",
     "Codec",
     "Connection",
+    "CryptoAttribute",
     "MediaDescription",
     "NoCommonCodec",
     "Origin",
@@ -148,6 +151,71 @@ class Codec:
 
 Attributes = list[tuple[str, str | None]]  # (name, value) in order; flags have None
 
+#: RFC 4568 suites whose master key||salt is 16 + 14 bytes (the ones libsrtp and we do).
+SRTP_KEY_LENGTHS = {"AES_CM_128_HMAC_SHA1_80": 30, "AES_CM_128_HMAC_SHA1_32": 30}
+_CRYPTO = re.compile(r"([0-9]{1,9})\s+(\S+)\s+(\S+)((?:\s+\S+)*)\s*")
+_LIFETIME = re.compile(r"(?:2\^)?[0-9]{1,20}")
+_MKI = re.compile(r"([0-9]{1,20}):([0-9]{1,3})")
+
+
+@dataclass(frozen=True)
+class CryptoAttribute:
+    """One RFC 4568 ``a=crypto`` line (SDES): the sender's own SRTP master key and salt.
+
+    Why its own type: the key travels in the SDP, so parsing is strict (a line we cannot
+    use must be told apart from one we read wrongly), and our answer names the offer's tag.
+    """
+
+    tag: int
+    suite: str
+    key_salt: bytes
+    lifetime: str | None = None
+    mki: str | None = None  # "value:length" when given (we cannot do MKI: not acceptable)
+    session_params: tuple[str, ...] = ()
+
+    @property
+    def supported(self) -> bool:
+        """A suite we do, with no MKI and no session parameters (RFC 4568 6.3.3)."""
+        return self.suite in SRTP_KEY_LENGTHS and self.mki is None and not self.session_params
+
+    def to_str(self) -> str:
+        key = "inline:" + base64.b64encode(self.key_salt).decode("ascii")
+        if self.lifetime is not None:
+            key += f"|{self.lifetime}"
+        if self.mki is not None:
+            key += f"|{self.mki}"
+        return " ".join([str(self.tag), self.suite, key, *self.session_params])
+
+    @classmethod
+    def parse(cls, value: str) -> CryptoAttribute:
+        """SdpError naming what is wrong with a malformed line."""
+        m = _CRYPTO.fullmatch(value.strip())
+        if not m:
+            raise SdpError(f"a=crypto needs '<tag> <suite> inline:<key>': {value[:60]!r}")
+        tag, suite, key_params = int(m.group(1)), m.group(2), m.group(3)
+        if ";" in key_params:
+            raise SdpError("a=crypto with several keys is not supported")
+        method, _, info = key_params.partition(":")
+        if method.lower() != "inline" or not info:
+            raise SdpError(f"a=crypto key method must be inline: {key_params[:40]!r}")
+        key_b64, *rest = info.split("|")
+        try:
+            key = base64.b64decode(key_b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise SdpError("a=crypto key is not base64") from None
+        want = SRTP_KEY_LENGTHS.get(suite)
+        if want is not None and len(key) != want:
+            raise SdpError(f"a=crypto {suite} key||salt must be {want} bytes, got {len(key)}")
+        lifetime = mki = None
+        for part in rest:
+            if _MKI.fullmatch(part) and mki is None:
+                mki = part
+            elif _LIFETIME.fullmatch(part) and lifetime is None and mki is None:
+                lifetime = part
+            else:
+                raise SdpError(f"a=crypto bad lifetime or MKI: {part[:30]!r}")
+        return cls(tag, suite, key, lifetime, mki, tuple(m.group(4).split()))
+
 
 def _values(attrs: Attributes, name: str) -> list[str]:
     return [v for n, v in attrs if n == name and v is not None]
@@ -215,6 +283,17 @@ class MediaDescription:
         if not 0 < port < 65536:
             return None
         return port, parts[3] if len(parts) == 4 else None
+
+    def cryptos(self) -> tuple[list[CryptoAttribute], list[str]]:
+        """The ``a=crypto`` lines in order, and why each unreadable one was left out."""
+        good: list[CryptoAttribute] = []
+        bad: list[str] = []
+        for v in _values(self.attributes, "crypto"):
+            try:
+                good.append(CryptoAttribute.parse(v))
+            except SdpError as exc:
+                bad.append(str(exc))
+        return good, bad
 
     def codecs(self) -> list[Codec]:
         """Payload types in m= order with names; unknown dynamic PTs are left out."""

@@ -22,13 +22,15 @@ from agent.base import (
     CallInfo,
     DtmfEvent,
     HangupEvent,
+    ModelFault,
     TransferRequest,
     TransferResult,
     TurnCompleted,
 )
+from agent.fallback_prompt import FAULT_REASON
 from sip_bridge import call_events as ce
 from sip_bridge.admission import InboundPolicy
-from sip_bridge.agents import load_agent_models, make_agent
+from sip_bridge.agents import load_agent_models, make_agent, take_over
 from sip_bridge.call_events import Command
 from sip_bridge.call_recording import StereoRecorder, recording_path
 from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
@@ -82,6 +84,7 @@ class _Call:
     config: BridgeConfig | None = None  # the call's own: its route's agent (a reload leaves it)
     route: str | None = None  # the [[routes]] entry that picked the agent; None: the default
     facts: CallFacts | None = None  # what telemetry reports of it
+    fault: ModelFault | None = None  # its agent's model failed: the fallback prompt took over
 
 
 class BridgeServer:
@@ -513,10 +516,25 @@ class BridgeServer:
             self.telemetry.turn(call_id, event)
         elif isinstance(event, HangupEvent):
             self._hangup(call_id, event.reason or "agent hung up")
+        elif isinstance(event, ModelFault):
+            self._model_fault(call_id, event)
         elif isinstance(event, TransferRequest) and self.ua is not None:
             log.info("call %s: the agent asks for a transfer to %s", call_id, event.target)
             now = asyncio.get_running_loop().time()
             self._handle(self.ua.transfer(call_id, event.target, now))
+
+    def _model_fault(self, call_id: str, fault: ModelFault) -> None:
+        """A model of the call's agent raised or hung: the bridge takes this call over (the
+        fallback prompt, then hang-up or transfer); no other call is touched."""
+        call = self.calls.get(call_id)
+        if call is None or call.ended or call.media is None or call.fault is not None:
+            return
+        call.fault = fault
+        a = (call.config or self.config).agent
+        log.error("call %s: model fault in %s (%s): fallback prompt, then %s", call_id,
+                  fault.stage, fault.reason, a.on_model_fault)  # fmt: skip
+        self.telemetry.model_fault(call_id, fault.stage, fault.reason, a.on_model_fault)
+        self._spawn(take_over(call.media, a))
 
     def _hangup(self, call_id: str, reason: str) -> None:
         if self.ua is not None:
@@ -528,6 +546,8 @@ class BridgeServer:
             return
         call.ended = True
         self.calls.pop(call.call_id, None)
+        if call.fault is not None:  # however it ended (BYE, transfer), a model fault did it
+            reason = FAULT_REASON
         if call.limit is not None:
             call.limit.cancel()
         if call.media is not None:

@@ -13,6 +13,7 @@ Validation follows config.py's rule: every mistake names the file, the line, the
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from typing import Any
 
 from sip_bridge.acl import SourceAcl
 from sip_bridge.fields import SipParseError, SipUri
+from sip_bridge.srtp import SRTP_MODES
 
 __all__ = [
     "AUTH_ALGORITHMS",
@@ -48,8 +50,12 @@ TRUNK_KEYS: dict[str, tuple[type, ...]] = {
     "inbound_auth": (bool,),
     "realm": (str,),
     "auth_algorithms": (list,),
+    "srtp": (str,),
+    "srtp_without_tls": (bool,),
 }
 AUTH_ALGORITHMS = ("SHA-256", "MD5")
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -69,6 +75,10 @@ class TrunkConfig:
     # Challenges offered, in order (RFC 8760). Peers that read only the first challenge and
     # know only MD5 (sipp, some older PBXs) need ["MD5"].
     auth_algorithms: tuple[str, ...] = AUTH_ALGORITHMS
+    # SDES-SRTP on this trunk's calls: off / optional / required. Its keys travel in the
+    # SDP, so "required" wants transport = "tls" unless srtp_without_tls says otherwise.
+    srtp: str = "optional"
+    srtp_without_tls: bool = False
     password: str = ""  # resolved from password_env / password_file at load time
 
     @property
@@ -168,6 +178,22 @@ def parse_trunks(value: Any, text: str, path: str) -> tuple[TrunkConfig, ...]:
 def _check(trunk: TrunkConfig, i: int, path: str, fail: Any) -> TrunkConfig:
     if trunk.transport not in TRUNK_TRANSPORTS:
         raise fail(i, "transport", f"{trunk.transport!r} is not one of udp, tcp, tls")
+    if trunk.srtp not in SRTP_MODES:
+        raise fail(i, "srtp", f"{trunk.srtp!r} is not one of {', '.join(SRTP_MODES)}")
+    if trunk.srtp == "required" and trunk.transport != "tls" and not trunk.srtp_without_tls:
+        raise fail(
+            i,
+            "srtp",
+            'SDES keys travel in the SDP: use transport = "tls" with srtp = "required" '
+            "(or set srtp_without_tls = true to accept keys in clear signalling)",
+        )
+    if trunk.srtp == "required" and trunk.transport != "tls":
+        log.warning(
+            "%s: trunk %s: SRTP keys (SDES) will travel in clear %s signalling",
+            path,
+            trunk.name,
+            trunk.transport.upper(),
+        )
     if not 60 <= trunk.expires_s <= 86400:
         raise fail(i, "expires_s", "must be 60..86400 s")
     if trunk.registers:

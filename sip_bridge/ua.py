@@ -121,6 +121,7 @@ class Admission:
     status: int = 0
     headers: tuple[tuple[str, str], ...] = ()  # e.g. WWW-Authenticate on a 401
     trunk: str | None = None
+    srtp: str | None = None  # the trunk's SRTP mode; None: [sip] srtp
 
 
 # Methods other SIP extensions define that we do not serve (405); the rest are unknown (501).
@@ -245,7 +246,7 @@ class BridgeUA(SessionMixin, TransferMixin):
         call = self._calls.get(call_id)
         if call is None or call.state != "offered":
             return []
-        media = MediaConfig(self.media_address, local_rtp_port)
+        media = MediaConfig(self.media_address, local_rtp_port, srtp=call.srtp)
         negotiated: NegotiatedMedia | None = None
         try:
             if call.offer is not None:
@@ -385,10 +386,11 @@ class BridgeUA(SessionMixin, TransferMixin):
             return self._reply(ev, 406, now, Accept="application/sdp")
         if "Contact" not in req.headers:  # RFC 2543: the caller is reached at its From URI
             req.headers.add("Contact", f"<{NameAddr.parse(req.headers.get('From') or '').uri}>")
+        srtp = admission.srtp or self.config.srtp
         try:
             offer = sdp_offer(req)
-            if offer is not None:
-                answer(offer, MediaConfig(self.media_address, 9))  # can we serve it at all?
+            if offer is not None:  # can we serve it at all?
+                answer(offer, MediaConfig(self.media_address, 9, srtp=srtp))
         except SdpError as exc:
             if isinstance(exc, UnsupportedBody):
                 return self._reply(ev, 415, now, Accept="application/sdp")
@@ -414,7 +416,9 @@ class BridgeUA(SessionMixin, TransferMixin):
             to_uri = NameAddr.parse(req.headers.get("To") or "").uri
         except (DialogError, ValueError) as exc:
             return self._reply(ev, getattr(exc, "status", 400), now)
-        call = UaCall(call_id, req, ev.tx_id, ev.source, transport, dialog, offer, timer=timer)
+        call = UaCall(
+            call_id, req, ev.tx_id, ev.source, transport, dialog, offer, timer=timer, srtp=srtp
+        )
         call.peer_allows_update = "UPDATE" in (m.upper() for m in req.headers.get_all("Allow"))
         self._calls[call_id] = call
         self._track(call, ev.tx_id)

@@ -115,6 +115,7 @@ class UaCall:
     transfer: Transfer | None = None  # our latest REFER and its subscription
     refer_tx: str | None = None  # that REFER's client transaction, while it runs
     pending_transfer: str | None = None  # asked for before the caller's ACK: sent on it
+    srtp: str = "optional"  # SDES-SRTP mode of the call: its trunk's, else [sip] srtp
 
 
 class UaCore:

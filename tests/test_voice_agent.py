@@ -85,6 +85,7 @@ class FakeModels:
         self.speech = False  # the VAD's verdict on every window of every push
         self.event: tuple[int | None, bool] | None = None  # (onset_lag, confirmed), once
         self.stt, self.eot = FakeEar(self), FakeEar(self)
+        self.errors = 0  # VAD windows that failed (VadGate.errors)
 
     def vad_stream(self, on_vad: Callable[[bool, int | None, bool | None], None]) -> FakeModels:
         self.on_vad = on_vad
@@ -96,10 +97,10 @@ class FakeModels:
         self.event = None
         self.on_vad(self.speech, lag, confirmed)
 
-    def transcriber(self) -> FakeEar:
+    def transcriber(self, executor: object = None) -> FakeEar:
         return self.stt
 
-    def end_of_turn(self, settings: VoiceSettings) -> FakeEar:
+    def end_of_turn(self, settings: VoiceSettings, executor: object = None) -> FakeEar:
         return self.eot
 
     def synthesize(self, sentence: str) -> NDArray[np.int16]:

@@ -28,12 +28,22 @@ class Baresip(ShellPeer):
 
     QUIT = "/quit"
 
-    def __init__(self, home: Path, play: Path, autoanswer: bool = False, max_s: int = 40) -> None:
+    def __init__(
+        self,
+        home: Path,
+        play: Path,
+        autoanswer: bool = False,
+        max_s: int = 40,
+        mediaenc: str = "",
+    ) -> None:
+        """``mediaenc``: the account's media encryption, e.g. ``srtp-mand`` (SDES-SRTP on
+        RTP/SAVP, refusing plain RTP) or ``srtp`` (best effort, on RTP/AVP)."""
         assert BARESIP is not None, "baresip not found: run `make setup` (apt baresip-core)"
         self.home = home
         home.mkdir(parents=True, exist_ok=True)
         self.sip_port = free_udp_port()
         answer = ";answermode=auto" if autoanswer else ""
+        answer += f";mediaenc={mediaenc}" if mediaenc else ""
         (home / "accounts").write_text(f"<sip:tester@127.0.0.1>;regint=0{answer}\n")
         (home / "config").write_text(
             "poll_method epoll\n"
@@ -41,6 +51,7 @@ class Baresip(ShellPeer):
             "net_interface 127.0.0.1\n"  # SDP c= 127.0.0.1: media stays on loopback
             "module_path /usr/lib/baresip/modules\n"
             "module stdio.so\nmodule g711.so\nmodule aufile.so\nmodule sndfile.so\n"
+            f"{'module srtp.so' if mediaenc else ''}\n"  # before account.so reads mediaenc
             "module account.so\nmodule menu.so\n"
             "statmode_default off\n"  # no "[0:00:04] audio=..." status line in the log
             f"audio_source aufile,{play}\n"
