@@ -17,8 +17,8 @@ stopped with SIGTERM (drain) and the figures are read back:
 - CDRs lost: calls sipp completed (their Call-IDs, `-trace_logs`) with no answered record
   on either node: must be 0; calls that were up on the killed node: `interrupted` records;
 - events lost: per node, sequence numbers the node assigned (its spool cursor) that the
-  subscriber never got, plus completed calls without a `started` and an `ended` event:
-  must be 0;
+  subscriber never got, plus calls (completed by sipp, or with a record on a node) without
+  a `started` and an `ended` event: must be 0;
 - frames late or missing (records' late frames over frames sent), peak RSS per node.
 
     .venv/bin/python bench/soak.py [--minutes 10] [--rate 4] [--hold 15] [--quick]
@@ -366,8 +366,12 @@ def _summary(
     for node in nodes:
         expected = set(range(1, _spool_next_seq(node)))
         seq_gaps[node.name] = len(expected - events.seqs.get(node.name, set()))
+    # every call sipp completed, and every call record (interrupted ones included: their
+    # `ended` comes when the killed node starts again), has its `started` and `ended`
     missing_events = sorted(
-        c for c in completed_ids if not {"started", "ended"} <= events.by_call.get(c, set())
+        c
+        for c in completed_ids | set(records)
+        if not {"started", "ended"} <= events.by_call.get(c, set())
     )
     answered = [r for r in records.values() if r["outcome"] == "answered"]
     sent = sum(r["packets_out"] or 0 for r in answered)
@@ -385,7 +389,8 @@ def _summary(
             "received": sum(len(s) for s in events.seqs.values()),
             "duplicates": events.duplicates,
             "seq_gaps": seq_gaps,
-            "completed_calls_missing_events": len(missing_events),
+            "calls_missing_started_or_ended": len(missing_events),
+            "calls_missing_ids": missing_events[:10],
         },
         "events_lost": sum(seq_gaps.values()) + len(missing_events),
         "frames_late_or_missing_pct": round(100 * late / sent, 4) if sent else None,

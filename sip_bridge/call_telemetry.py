@@ -86,11 +86,12 @@ class CallTelemetry:
         from sip_bridge.records import CallRecords
         from sip_bridge.records_cli import default_db_path
 
+        cut: list[dict[str, Any]] = []
         if config.records.enabled:
             self.records = CallRecords(config.records.db or default_db_path())
             cut = self.records.mark_interrupted(self.node)
             if cut:
-                log.warning("%d call(s) were in progress when this bridge last stopped", cut)
+                log.warning("%d call(s) were in progress when this bridge last stopped", len(cut))
         if config.metrics.listen:
             host, port = parse_hostport(config.metrics.listen)
             metrics = self.metrics = BridgeMetrics()
@@ -116,6 +117,14 @@ class CallTelemetry:
             await link.start()
             self.mqtt = link
             self.events = link.publish
+        for row in cut:  # their last event: a subscriber never sees a call start and not end
+            self._event(row["call_id"], "ended", ce.ended(
+                started_at=row["started_at"], answered_at=row["answered_at"],
+                ended_at=row["ended_at"], outcome="interrupted", reason=row["end_reason"] or "",
+                codec=row["codec"], stats={}, caller=row["caller"] or "",
+                callee=row["callee"] or "", trunk=row["trunk"], route=None,
+                agent=row["agent"] or "",
+            ))  # fmt: skip
 
     def offered(self, c: CallFacts) -> None:
         if self.metrics is not None:

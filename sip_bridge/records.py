@@ -377,20 +377,34 @@ class CallRecords:
         params = (call_id, now, str(kind), _json(dict(data)) if data is not None else None)
         return self._write("event", call_id, sql, params)
 
-    def mark_interrupted(self, node: str, reason: str = "the bridge stopped mid-call") -> int:
+    def mark_interrupted(self, node: str, reason: str = "the bridge stopped mid-call") -> Rows:
         """At start: calls of ``node`` that never ended were cut off when the bridge died;
-        say so (how many). A store shared by several nodes leaves the others' calls."""
+        say so, and return their rows as now recorded (for their ``ended`` events). A store
+        shared by several nodes leaves the others' calls."""
         try:
             with self._lock:
-                cur = self._db.execute(
+                ids = [
+                    r[0]
+                    for r in self._db.execute(
+                        "SELECT call_id FROM calls WHERE ended_at IS NULL AND node IS ?", (node,)
+                    )
+                ]
+                self._db.execute(
                     "UPDATE calls SET outcome = 'interrupted', end_reason = ?, ended_at = ? "
                     "WHERE ended_at IS NULL AND node IS ?",
                     (reason, self.clock(), node),
                 )
         except sqlite3.Error as exc:
             self._failed("mark_interrupted", node, _one_line(exc))
-            return 0
-        return int(cur.rowcount)
+            return []
+        if not ids:
+            return []
+        marks = ", ".join("?" * len(ids))
+        try:
+            return self._rows(f"SELECT * FROM calls WHERE call_id IN ({marks})", tuple(ids))
+        except RecordsError as exc:
+            self._failed("mark_interrupted", node, str(exc))
+            return []
 
     def call_ended(
         self,

@@ -150,3 +150,54 @@ def test_events_of_a_call_during_a_broker_outage_arrive_after_it(tmp_path: Path)
     assert seqs == list(range(seqs[0], seqs[0] + len(seqs)))  # none missing
     assert [by_seq[s]["event"] for s in seqs] == ["started", "answered", "ended"]
     assert by_seq[seqs[-1]]["outcome"] == "answered"
+
+
+def test_calls_cut_off_by_a_crash_get_their_ended_event_at_the_next_start(
+    tmp_path: Path,
+) -> None:
+    """kill -9 leaves a call with a `started` event and no `ended`: the next start marks its
+    record interrupted and sends that `ended`, so a subscriber never waits for it forever."""
+    from sip_bridge.records import CallRecords
+
+    broker = Mosquitto(tmp_path / "broker")
+    broker.start()
+    f = _config(tmp_path, broker, "node-c")
+    f.write_text(f.read_text() + '[records]\nenabled = true\ndb = "calls.sqlite"\n')
+    store = CallRecords(str(tmp_path / "calls.sqlite"))
+    store.call_started("cut-1", node="node-c", trunk=None, caller="100", callee="7000",
+                       remote="127.0.0.1:5062", agent="echo", at=1000.0)  # fmt: skip
+    store.call_answered("cut-1", codec="PCMU", agent="echo", remote="127.0.0.1:5062", at=1000.5)
+    store.call_started("other-node", node="node-d", trunk=None, caller="1", callee="2",
+                       remote="127.0.0.1:5062", agent="echo", at=1000.0)  # fmt: skip
+    store.close()
+
+    async def main() -> list[dict[str, Any]]:
+        got: list[dict[str, Any]] = []
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="ops") as ops:
+            await ops.subscribe("sipbridge/+/calls/#", qos=1)
+            server = BridgeServer(load_config(f))
+            await server.start()
+            try:
+
+                async def consume() -> None:
+                    async for msg in ops.messages:
+                        got.append(json.loads(bytes(msg.payload)))
+                        if got[-1]["event"] == "ended":
+                            return
+
+                await asyncio.wait_for(consume(), 10)
+            finally:
+                await server.stop()
+        return got
+
+    try:
+        events = asyncio.run(main())
+    finally:
+        broker.stop()
+    [ended] = events
+    assert ended["call_id"] == "cut-1" and ended["node"] == "node-c"
+    assert ended["outcome"] == "interrupted" and ended["answered_at"] == 1000.5
+    assert ended["caller"] == "100" and ended["callee"] == "7000" and ended["reason"]
+    rows = {r["call_id"]: r for r in CallRecords(str(tmp_path / "calls.sqlite")).list()}
+    assert rows["cut-1"]["outcome"] == "interrupted"
+    assert rows["other-node"]["ended_at"] is None  # another node's call is not ours to end
