@@ -14,7 +14,8 @@ Rules, in order:
 3. No trunks configured: everyone else may call (the embedded default listens on loopback).
 4. No owner: 403. Otherwise the INVITE must carry
    digest credentials of one of them: none (or an expired nonce) gets 401 with a challenge
-   per realm and algorithm (``auth_algorithms``); wrong ones get 403.
+   per realm and algorithm (``auth_algorithms``); wrong ones get 403, and so does an
+   unknown user name in our realm (a 401 there would tell scanners which names exist).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class InboundPolicy:
         for trunk in owners:
             if not trunk.inbound_auth:  # a trunk's own address: never rate limited
                 self.counts["admitted"] += 1
-                return Admission(trunk=trunk.name)
+                return Admission(trunk=trunk.name, srtp=trunk.srtp)
         if self._limiter is not None and not self._limiter.allow(ip, now):
             self.counts["rate_limited"] += 1
             return Admission(503, (("Retry-After", str(self.retry_after_s)),))
@@ -107,6 +108,14 @@ class InboundPolicy:
                 continue
             if not _same_target(params.get("uri", ""), req.uri):
                 continue  # credentials made for another request
+            realm, user = params.get("realm"), params.get("username")
+            if any(t.realm == realm for t in owners) and not any(
+                t.realm == realm and t.digest_user == user for t in owners
+            ):
+                # An unknown user name in our realm gets what a wrong password gets: were it
+                # challenged again, a scanner (svcrack) could tell which user names exist.
+                self.counts["forbidden"] += 1
+                return Admission(403)
             for trunk in owners:
                 if params.get("username") != trunk.digest_user or params.get("realm") != (
                     trunk.realm
@@ -123,7 +132,7 @@ class InboundPolicy:
                 )
                 if verdict is Verdict.OK:
                     self.counts["admitted"] += 1
-                    return Admission(trunk=trunk.name)
+                    return Admission(trunk=trunk.name, srtp=trunk.srtp)
                 if verdict is Verdict.BAD:
                     self.counts["forbidden"] += 1
                     return Admission(403)
