@@ -284,6 +284,13 @@ class JitterIngest:
         if not self._started and (self._start_t is None or t < self._start_t):
             self._start_t = t
 
+    def source_changed(self) -> None:
+        """The packets now come from another address (symmetric RTP latched, or went back
+        to the signalled one): the old sender's numbering says nothing of the new one's, so
+        the next packet re-anchors the stream (a resync), whatever its SSRC."""
+        if self._have_stream:
+            self._ssrc = -1  # no packet's SSRC: the next one differs, and resyncs
+
     def push_packet(
         self,
         seq: int,

@@ -86,7 +86,7 @@ def apply_update(media: CallMedia, params: MediaParams) -> None:
         old.remote_host, old.remote_port
     )
     if moved or params.latch != old.latch:
-        r.remote = addr_key(params.remote_host, params.remote_port)
+        r.remote = r.signalled = addr_key(params.remote_host, params.remote_port)
         r.latch, r.latched = params.latch, False  # re-latch on the new stream
     if media.rtcp is not None and (
         moved or rtcp_remote(params) != rtcp_remote(old) or params.rtcp_mux != old.rtcp_mux

@@ -25,6 +25,11 @@ from sip_bridge.rtp import RtpError, RtpPacket, looks_like_rtcp
 RATE = 8000
 CN_PAYLOAD_TYPE = 13
 SSRC_SWITCH_PACKETS = 3  # consecutive packets of a new SSRC before we follow it
+# Symmetric RTP: consecutive packets (in sequence) a source other than the signalled address
+# must send before we latch onto it. One stray or sprayed packet (the "RTP bleed" attack)
+# never redirects a call's media; a NATed phone loses its first 40 ms.
+LATCH_PACKETS = 3
+_NO_CANDIDATE = (("", 0), -1, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +97,15 @@ class RtpReceiver:
     dtmf_packets: int = 0
     ssrc: int | None = None
     _candidate: tuple[int, int] = field(default=(-1, 0))  # (ssrc, consecutive packets)
+    # The address the SDP gave (``remote`` until latched): when latching, packets from it
+    # are always the peer's, even after an earlier stranger was latched onto.
+    signalled: tuple[str, int] = ("", 0)
+    # (source, last sequence, packets in a row) of a source that may become the peer
+    _latch_candidate: tuple[tuple[str, int], int, int] = field(default=_NO_CANDIDATE)
+
+    def __post_init__(self) -> None:
+        if not self.signalled[0]:
+            self.signalled = self.remote
 
     def receive(self, data: bytes, source: tuple[str, int], now: float) -> list[DtmfDigit]:
         """One datagram that arrived at ``now``; returns completed DTMF key presses."""
@@ -110,10 +124,11 @@ class RtpReceiver:
         is_event = self.dtmf is not None and pkt.payload_type == self.dtmf.payload_type
         known = pkt.payload_type in (self.payload_type, CN_PAYLOAD_TYPE) or is_event
         if src != self.remote:
-            if not (self.latch and not self.latched and known):
+            if not (self.latch and known and self._may_latch(src, pkt.sequence)):
                 self.wrong_source += 1
                 return []
             self.remote = src
+            self.jb.source_changed()
         if not known:
             self.wrong_payload_type += 1
             return []
@@ -180,6 +195,23 @@ class RtpReceiver:
         if self.on_accepted is not None:
             self.on_accepted(ssrc, seq, ts, now)
         return True
+
+    def _may_latch(self, src: tuple[str, int], seq: int) -> bool:
+        """Whether a packet from ``src`` (not ``remote``) makes it the peer: the signalled
+        address always does; another source only before latching, after
+        :data:`LATCH_PACKETS` packets in a row with consecutive sequence numbers."""
+        if src == self.signalled:
+            self._latch_candidate = _NO_CANDIDATE
+            return True
+        if self.latched:
+            return False
+        cand, last, count = self._latch_candidate
+        count = count + 1 if cand == src and seq == (last + 1) & 0xFFFF else 1
+        if count >= LATCH_PACKETS:
+            self._latch_candidate = _NO_CANDIDATE
+            return True
+        self._latch_candidate = (src, seq, count)
+        return False
 
     def _ssrc_ok(self, ssrc: int) -> bool:
         """Lock on the first SSRC; follow a new one only after a few packets in a row.

@@ -441,3 +441,24 @@ def test_a_frame_with_a_hole_is_not_taken_for_a_full_one() -> None:
     assert np.array_equal(out[:60], want[:60])
     assert np.array_equal(out[100:], want[100:])
     assert not np.array_equal(out[60:100], want[60:100])  # filled, not taken as audio
+
+
+def test_source_changed_reanchors_a_stream_with_the_same_ssrc() -> None:
+    """Symmetric RTP moved to another address (or back to the signalled one): its packets,
+    numbered far behind what a stranger sent with the same SSRC, are a new stream, not
+    late ones."""
+    jb = JitterBuffer()
+    pcm = np.full(FRAME, 1000, np.int16)
+    for k in range(5):  # a stranger, sequence numbers well ahead
+        jb.push(1050 + k, 8000 * 50 + FRAME * k, pcm, 0.02 * k, ssrc=7)
+    jb.source_changed()
+    for k in range(5):  # the real peer, same SSRC, behind
+        jb.push(1000 + k, FRAME * k, -pcm, 0.1 + 0.02 * k, ssrc=7)
+    s = jb.stats
+    assert s.resyncs == 1 and s.late == 0 and s.lost == 0 and s.duplicates == 0
+    played = [jb.pop(0.2 + 0.02 * k) for k in range(12)]
+    assert any(int(p.min()) == -1000 for p in played)  # the new stream is what plays
+    fresh = JitterBuffer()
+    fresh.source_changed()  # no stream yet: nothing to re-anchor
+    fresh.push(1, 0, pcm, 0.0, ssrc=7)
+    assert fresh.stats.resyncs == 0

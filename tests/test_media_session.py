@@ -426,13 +426,23 @@ def test_receiver_filters_without_sockets() -> None:
     assert r.receive(b"\x80", ("10.0.0.9", 5), 0.0) == [] and r.malformed == 1
     r.receive(RtpPacket(99, 1, 0, 42, b"x").serialize(), ("10.0.0.9", 5), 0.0)
     assert not r.latched and r.wrong_payload_type == 0 and r.wrong_source == 1
-    r.receive(pkt, ("::ffff:192.168.1.5", 6000), 0.01)  # NATed phone, mapped address
-    assert r.latched and r.remote == ("192.168.1.5", 6000)
-    r.receive(pkt, ("10.0.0.1", 4000), 0.02)
-    assert r.wrong_source == 2
+    for seq in (7, 900, 31000):  # sprayed packets (RTP bleed): never latched onto
+        r.receive(RtpPacket(0, seq, 160, 5, bytes(160)).serialize(), ("10.0.0.66", 7078), 0.0)
+    assert not r.latched and r.wrong_source == 4
+    for seq in (1, 2, 3):  # NATed phone, mapped address: three packets in sequence
+        nat = RtpPacket(0, seq, 160 * seq, 42, bytes(160)).serialize()
+        r.receive(nat, ("::ffff:192.168.1.5", 6000), 0.01 * seq)
+    assert r.latched and r.remote == ("192.168.1.5", 6000) and r.wrong_source == 6
+    for seq in (4, 5, 6, 7):  # a stranger's stream after latching: ignored
+        r.receive(RtpPacket(0, seq, 160, 42, bytes(160)).serialize(), ("10.0.0.66", 7078), 0.05)
+    assert r.remote == ("192.168.1.5", 6000) and r.wrong_source == 10
+    r.receive(pkt, ("10.0.0.1", 4000), 0.06)  # the signalled address is always the peer
+    assert r.remote == ("10.0.0.1", 4000) and r.wrong_source == 10
+    r.receive(pkt, ("192.168.1.5", 6000), 0.07)
+    assert r.wrong_source == 11
     for i in range(3):  # a new SSRC is followed after 3 packets in a row
         r.receive(RtpPacket(0, 50 + i, 9000, 77, bytes(160)).serialize(), r.remote, 0.03)
-    assert r.wrong_ssrc == 2 and r.ssrc == 77 and r.accepted == 2
+    assert r.wrong_ssrc == 2 and r.ssrc == 77 and r.accepted == 3
     empty = struct.pack("!BBHII", 0x80, 0, 60, 99999, 77)
     r.receive(empty, r.remote, 0.04)
     assert r.malformed == 2
