@@ -14,6 +14,7 @@ IPv6 hosts are stored without brackets (what sockets want) and bracketed again o
 
 from __future__ import annotations
 
+import functools
 import re
 import secrets
 from collections.abc import Iterable, Iterator
@@ -109,6 +110,12 @@ def canonical_name(name: str) -> str:
     return _CANONICAL.get(low, name)
 
 
+@functools.lru_cache(maxsize=1024)
+def _key(name: str) -> str:
+    """The lookup key of a header name: asked dozens of times per message."""
+    return canonical_name(name).lower()
+
+
 def split_list(value: str) -> list[str]:
     """Split a list header on top-level commas (not inside quotes or <...>)."""
     out: list[str] = []
@@ -141,6 +148,7 @@ class Headers:
 
     def __init__(self, items: Iterable[tuple[str, str]] = ()) -> None:
         self._items: list[tuple[str, str]] = []
+        self._keys: list[str] = []  # _key() of each item's name, for lookups without .lower()
         for name, value in items:
             self.add(name, value)
 
@@ -157,8 +165,11 @@ class Headers:
         return values[0] if values else None
 
     def get_all(self, name: str) -> list[str]:
-        key = canonical_name(name).lower()
-        raw = [v for n, v in self._items if n.lower() == key]
+        key = _key(name)
+        if key not in self._keys:
+            return []
+        items = self._items
+        raw = [items[i][1] for i, k in enumerate(self._keys) if k == key]
         if key in _LIST_HEADERS:
             return [part for v in raw for part in split_list(v)]
         return raw
@@ -167,16 +178,24 @@ class Headers:
         """Replace every line of ``name`` by one, at the position of the first."""
         canon = self._check(name, value)
         key = canon.lower()
-        at = next((i for i, (n, _) in enumerate(self._items) if n.lower() == key), None)
+        at = self._keys.index(key) if key in self._keys else len(self._items)
         self.remove(name)
-        self._items.insert(len(self._items) if at is None else at, (canon, value))
+        at = min(at, len(self._items))
+        self._items.insert(at, (canon, value))
+        self._keys.insert(at, key)
 
     def add(self, name: str, value: str) -> None:
-        self._items.append((self._check(name, value), value))
+        canon = self._check(name, value)
+        self._items.append((canon, value))
+        self._keys.append(canon.lower())
 
     def remove(self, name: str) -> None:
-        key = canonical_name(name).lower()
-        self._items = [(n, v) for n, v in self._items if n.lower() != key]
+        key = _key(name)
+        if key not in self._keys:
+            return
+        kept = [i for i, k in enumerate(self._keys) if k != key]
+        self._items = [self._items[i] for i in kept]
+        self._keys = [self._keys[i] for i in kept]
 
     def items(self) -> list[tuple[str, str]]:
         return list(self._items)
@@ -184,12 +203,12 @@ class Headers:
     def copy(self) -> Headers:
         new = Headers()
         new._items = list(self._items)
+        new._keys = list(self._keys)
         return new
 
     def count(self, name: str) -> int:
         """Number of header lines (not list elements) for ``name``."""
-        key = canonical_name(name).lower()
-        return sum(1 for n, _ in self._items if n.lower() == key)
+        return self._keys.count(_key(name))
 
     def __contains__(self, name: object) -> bool:
         return isinstance(name, str) and self.count(name) > 0
