@@ -6,7 +6,9 @@ are all up and a quiet stretch has been measured, sipp #2 floods INVITEs from 12
 at `--flood-rate` per second for `--flood-s` seconds (`bench/sipp/uac_flood.xml`: it never
 ACKs a rejection, as scanners don't). The bridge refuses a source it does not trust
 (403, or 503 over its rate) with one response and no transaction (RFC 3261 26.3.2.4);
-only a 503 for max_calls, to an admitted source, is retransmitted until Timer H.
+only a 503 for max_calls, to an admitted source, is retransmitted until Timer H. Once a
+source has been refused `[inbound] silence_after` times (200) its datagrams are dropped
+unread (`silenced`), which is what makes a long flood cheap.
 
 Two modes (both by default, one after the other):
 - ``trunk``: the legitimate calls come over an IP-authenticated trunk (`acl`), the
@@ -149,12 +151,13 @@ async def run_flood(
         await sample_until(legit_done, quiet_s)
         quiet = (samples[quiet_from], samples[-1])
         counts0 = dict(policy.counts)
+        silenced0 = policy.silenced_count
         offered0 = server.stats["offered"]
         n_flood = int(flood_rate * flood_s)
         flood = await asyncio.create_subprocess_exec(
             *_sipp_cmd(
                 sipp, server.port, FLOOD_SCENARIO, FLOOD_IP,
-                "-m", str(n_flood), "-r", str(flood_rate), "-l", str(n_flood),
+                "-m", str(n_flood), "-r", str(flood_rate), "-l", str(n_flood), "-nr",
                 "-timeout", f"{int(flood_s + 30)}s",
             ),
             cwd=out, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
@@ -177,6 +180,7 @@ async def run_flood(
     finally:
         await server.stop()
     counts = {k: policy.counts[k] - counts0.get(k, 0) for k in policy.counts}
+    silenced = policy.silenced_count - silenced0
     answered_calls = server.stats["offered"] - offered0
     quiet_rate = (quiet[1]["cpu_s"] - quiet[0]["cpu_s"]) / max(quiet[1]["t"] - quiet[0]["t"], 1e-9)
     flood_wall = flood_window[1]["t"] - flood_window[0]["t"]
@@ -200,6 +204,7 @@ async def run_flood(
             "sipp_completed": flood_ok,
             "sipp_failed": flood_failed,
             "answered": counts,  # admitted / challenged / forbidden (403) / rate_limited (503)
+            "silenced": silenced,  # dropped unread: refused [inbound] silence_after times
             "became_calls": answered_calls,
             "refused_full": counts["admitted"] - answered_calls,  # 503: max_calls
             "cpu_pct_during": round(100 * (flood_cpu / flood_wall + quiet_rate), 1),

@@ -12,7 +12,7 @@ import ipaddress
 from collections import OrderedDict
 from dataclasses import dataclass
 
-__all__ = ["RateLimiter", "SourceAcl", "normalize_ip"]
+__all__ = ["RateLimiter", "Silencer", "SourceAcl", "normalize_ip"]
 
 IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 IpNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
@@ -153,3 +153,55 @@ class RateLimiter:
             gone += 1
         self.evicted_idle += gone
         return gone
+
+
+class Silencer:
+    """Sources refused again and again are not answered at all for a while.
+
+    Even a stateless 403 or 503 costs a parse, a response and a send. A source refused
+    ``after`` times in a row without being admitted once is a flood or a scanner: its
+    datagrams are dropped unread until it has been quiet for ``quiet_s`` (each dropped
+    datagram restarts that wait). Keys are the source address as the transport gives it
+    (one form per peer); the table is an LRU capped at ``max_sources``, like
+    :class:`RateLimiter`'s.
+    """
+
+    def __init__(self, after: int, quiet_s: float, max_sources: int = 10_000) -> None:
+        if after < 1 or not quiet_s > 0 or max_sources < 1:
+            raise ValueError("need after >= 1, quiet_s > 0 and max_sources >= 1")
+        self.after = after
+        self.quiet_s = float(quiet_s)
+        self.max_sources = max_sources
+        self._table: OrderedDict[str, list[float]] = OrderedDict()  # ip -> [refusals, last]
+        self.dropped = 0
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def refused(self, ip: str, now: float) -> None:
+        entry = self._table.get(ip)
+        if entry is None:
+            if len(self._table) >= self.max_sources:
+                self._table.popitem(last=False)
+            self._table[ip] = [1.0, now]
+            return
+        self._table.move_to_end(ip)
+        entry[0] += 1.0
+        entry[1] = now
+
+    def admitted(self, ip: str) -> None:
+        self._table.pop(ip, None)
+
+    def silenced(self, ip: str, now: float) -> bool:
+        """Whether to drop a datagram from ``ip`` unread (counted in ``dropped``)."""
+        if not self._table:
+            return False
+        entry = self._table.get(ip)
+        if entry is None or entry[0] < self.after:
+            return False
+        if now - entry[1] > self.quiet_s:
+            del self._table[ip]  # quiet long enough: heard again, from a clean slate
+            return False
+        entry[1] = now
+        self.dropped += 1
+        return True

@@ -11,6 +11,9 @@ Rules, in order:
    (a PBX or softphone with no fixed address, which must prove itself with digest).
    One of them needs no digest: admitted as that trunk, whatever its call rate.
 2. Any other source over its INVITE rate (``[inbound]`` token bucket): 503 + Retry-After.
+   A source refused ``silence_after`` times (any refusal: 503, 403, 401) without being
+   admitted as a trunk in between is not answered at all until it has been quiet for
+   ``silence_s``: the UA drops its datagrams unread (:meth:`InboundPolicy.silenced`).
 3. No trunks configured: everyone else may call (the embedded default listens on loopback).
 4. No owner: 403. Otherwise the INVITE must carry
    digest credentials of one of them: none (or an expired nonce) gets 401 with a challenge
@@ -23,7 +26,7 @@ from __future__ import annotations
 import secrets
 from collections.abc import Callable, Iterable
 
-from sip_bridge.acl import RateLimiter, SourceAcl, normalize_ip
+from sip_bridge.acl import RateLimiter, Silencer, SourceAcl, normalize_ip
 from sip_bridge.config import InboundConfig
 from sip_bridge.digest import DigestError, Verdict, make_challenge, parse_auth_params, verify
 from sip_bridge.message import SipRequest, SipUri
@@ -56,6 +59,9 @@ class InboundPolicy:
         self.retry_after_s = retry_after_s
         self._secret = secret if secret is not None else secrets.token_bytes(32)
         self.counts = {"admitted": 0, "challenged": 0, "forbidden": 0, "rate_limited": 0}
+        self._silencer = (
+            Silencer(inbound.silence_after, inbound.silence_s) if inbound.silence_after else None
+        )
 
     def adopt(self, old: InboundPolicy) -> None:
         """After a reload: keep what the old policy learned of registrars' addresses (for
@@ -64,12 +70,33 @@ class InboundPolicy:
             if name in self._registrars:
                 self._registrars[name] = set(addresses)
         self.counts.update(old.counts)
+        if self._silencer is not None and old._silencer is not None:
+            self._silencer._table = old._silencer._table  # a flood stays silenced
+            self._silencer.dropped = old._silencer.dropped
+
+    @property
+    def silenced_count(self) -> int:
+        """Datagrams dropped unread from sources refused too often in a row."""
+        return self._silencer.dropped if self._silencer is not None else 0
+
+    def silenced(self, ip: str, now: float) -> bool:
+        """The UA asks before parsing: drop this source's datagram unread?"""
+        return self._silencer is not None and self._silencer.silenced(ip, now)
 
     def set_registrar_addresses(self, trunk: str, addresses: Iterable[str]) -> None:
         """Where the trunk's registrar resolved to: its INVITEs come from there."""
         self._registrars[trunk] = {normalize_ip(a) for a in addresses}
 
     def __call__(self, req: SipRequest, source: Address, now: float) -> Admission:
+        verdict = self._judge(req, source, now)
+        if self._silencer is not None:
+            if verdict.status:
+                self._silencer.refused(source[0], now)
+            elif verdict.trunk is not None:  # a trunk's own or authenticated: a clean slate
+                self._silencer.admitted(source[0])
+        return verdict
+
+    def _judge(self, req: SipRequest, source: Address, now: float) -> Admission:
         ip = source[0]
         owners = self._owners(ip) if self.trunks else []
         for trunk in owners:

@@ -142,7 +142,12 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "agent.echo": {"delay_s": (int, float)},
     "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
     "agent.playback": {"file": (str,), "loop": (bool,), "hangup_at_end": (bool,)},
-    "inbound": {"rate_per_s": (int, float), "burst": (int,)},
+    "inbound": {
+        "rate_per_s": (int, float),
+        "burst": (int,),
+        "silence_after": (int,),
+        "silence_s": (int, float),
+    },
     "control": {"socket": (str,), "reload_on_change": (bool,)},
     "node": {"name": (str,)},
     "records": {"enabled": (bool,), "db": (str,), "recordings_dir": (str,)},
@@ -330,6 +335,12 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     if inbound.rate_per_s < 0 or inbound.burst < 1:
         line = _line_of(text, "inbound", "rate_per_s" if inbound.rate_per_s < 0 else "burst")
         raise ConfigError(p, line, "inbound", "need rate_per_s >= 0 (0 = off) and burst >= 1")
+    if inbound.silence_after < 0 or not inbound.silence_s > 0:
+        key = "silence_after" if inbound.silence_after < 0 else "silence_s"
+        raise ConfigError(
+            p, _line_of(text, "inbound", key), f"inbound.{key}",
+            "need silence_after >= 0 (0 = never) and silence_s > 0",
+        )  # fmt: skip
     control = ControlConfig(**data.get("control", {}))
     if control.socket and not Path(control.socket).is_absolute():
         control = replace(control, socket=str(Path(p).resolve().parent / control.socket))

@@ -88,6 +88,9 @@ MEANINGS: dict[str, str] = {
     "models.batch_vad": "one VAD run per tick for all calls",
     "inbound.rate_per_s": "INVITEs per second per source (not a trunk's); 0 = no limit",
     "inbound.burst": "INVITEs a source may send at once",
+    "inbound.silence_after": "refusals in a row (401/403/503) after which a source's datagrams "
+    "are dropped unread; 0 = never",
+    "inbound.silence_s": "how long such a source must be quiet to be answered again",
     "control.socket": "Unix socket `sip-bridge status` reads; empty: in the temp dir",
     "control.reload_on_change": "reload when the file or a profile it names changes",
     "node.name": "this bridge in call records and event topics; empty: the host name",

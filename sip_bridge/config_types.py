@@ -169,6 +169,9 @@ class InboundConfig:
 
     rate_per_s: float = 50.0
     burst: int = 100
+    # refused this many times in a row (0: never): dropped unread until quiet for silence_s
+    silence_after: int = 200
+    silence_s: float = 60.0
 
 
 @dataclass(frozen=True)

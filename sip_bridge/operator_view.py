@@ -88,7 +88,11 @@ def bridge_status(server: BridgeServer) -> dict[str, Any]:
         "limits": {"max_calls": sip.max_calls},
         "counters": {**server.stats, "active": len(server.calls)},
         "draining": server.draining,
-        "admission": dict(server.policy.counts) if server.policy is not None else {},
+        "admission": (
+            {**server.policy.counts, "silenced": server.policy.silenced_count}
+            if server.policy is not None
+            else {}
+        ),
         "registrations": regs.regs.status(now) if regs is not None else [],
         "models": _models_in_use(),
         "media_path": server.media_path,

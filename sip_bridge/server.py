@@ -165,6 +165,7 @@ class BridgeServer:
             tls_port=tls[1] if tls else None,
             admit=self.policy,
         )
+        self.ua.silenced = self.policy.silenced
         self._schedule()
         self._spawn(self._watch_media())
         if self._want_control:
@@ -258,6 +259,7 @@ class BridgeServer:
             if self.policy is not None:
                 policy.adopt(self.policy)
             self.policy = self.ua.admit = policy
+            self.ua.silenced = policy.silenced
             self.ua.config = merged.sip
         return kept
 

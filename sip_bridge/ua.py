@@ -168,6 +168,8 @@ class BridgeUA(SessionMixin, TransferMixin):
         self.answer_timeout_s = answer_timeout_s
         self.min_se = min_se
         self.admit = admit  # None: every source may call
+        # Sources the admission policy gave up on (a flood): their datagrams go unread.
+        self.silenced: Callable[[str, float], bool] | None = None
         # Draining: new calls and out-of-dialog OPTIONS get 503, so a dispatcher probing
         # with OPTIONS moves traffic elsewhere; calls in progress go on.
         self.draining = False
@@ -205,6 +207,8 @@ class BridgeUA(SessionMixin, TransferMixin):
         self, data: bytes, source: Address, transport: str, now: float
     ) -> list[UaEvent]:
         """One datagram (UDP); malformed requests get a stateless 400 when answerable."""
+        if self.silenced is not None and self.silenced(source[0], now):
+            return []
         try:
             msg = parse_message(data)
         except ValueError as exc:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sip_bridge.acl import RateLimiter, SourceAcl, normalize_ip
+from sip_bridge.acl import RateLimiter, Silencer, SourceAcl, normalize_ip
 
 
 @pytest.mark.parametrize(
@@ -162,3 +162,32 @@ def test_bad_parameters(kwargs: dict[str, float]) -> None:
     args: dict[str, float] = {"rate_per_s": 1, "burst": 1, "now": 0.0, **kwargs}
     with pytest.raises(ValueError):
         RateLimiter(**args)  # type: ignore[arg-type]
+
+
+def test_silencer_drops_a_source_refused_too_often_until_it_is_quiet() -> None:
+    s = Silencer(after=3, quiet_s=10.0)
+    for t in (0.0, 0.1):
+        s.refused("192.0.2.9", t)
+    assert not s.silenced("192.0.2.9", 0.2)  # two refusals: still answered
+    s.refused("192.0.2.9", 0.3)
+    assert s.silenced("192.0.2.9", 0.4) and s.silenced("192.0.2.9", 9.0)
+    assert not s.silenced("192.0.2.10", 9.0)  # another source is answered
+    assert s.silenced("192.0.2.9", 18.9)  # each dropped datagram restarts the quiet wait
+    assert not s.silenced("192.0.2.9", 30.0) and len(s) == 0  # quiet 11 s: heard again
+    assert s.dropped == 3
+    for t in range(5):  # an admission in between starts the count again
+        s.refused("198.51.100.1", float(t))
+        if t == 1:
+            s.admitted("198.51.100.1")
+    assert s.silenced("198.51.100.1", 5.0)  # refused 3 times since, the last at 4
+    s.admitted("198.51.100.1")
+    assert not s.silenced("198.51.100.1", 5.0)
+
+
+def test_silencer_memory_is_bounded() -> None:
+    s = Silencer(after=1, quiet_s=60.0, max_sources=100)
+    for i in range(10_000):
+        s.refused(f"10.0.{i // 256}.{i % 256}", 0.0)
+    assert len(s) == 100 and s.silenced("10.0.39.15", 1.0)  # the newest are kept
+    with pytest.raises(ValueError):
+        Silencer(after=0, quiet_s=1.0)

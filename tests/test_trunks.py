@@ -190,6 +190,24 @@ def test_a_trunks_own_address_is_never_rate_limited_but_digest_peers_are() -> No
     assert [policy(_invite(), other, 0.0).status for _ in range(2)] == [401, 503]
 
 
+def test_a_source_refused_too_often_is_silenced_but_never_a_trunk() -> None:
+    cfg = InboundConfig(rate_per_s=1.0, burst=1, silence_after=5, silence_s=30.0)
+    policy = InboundPolicy((CARRIER, PBX), cfg, 0.0)
+    stranger, carrier = "198.51.100.7", "203.0.113.1"
+    for k in range(4):  # a challenge (the PBX may be anywhere), then 503s past its rate
+        assert policy(_invite(), (stranger, 5060), 0.1 * k).status in (401, 503)
+        assert not policy.silenced(stranger, 0.1 * k)
+    policy(_invite(), (stranger, 5060), 0.5)
+    assert policy.silenced(stranger, 0.6) and policy.silenced_count == 1
+    for _ in range(50):
+        assert policy(_invite(), (carrier, 5060), 1.0).status == 0
+    assert not policy.silenced(carrier, 1.0)
+    assert not policy.silenced(stranger, 40.0)  # quiet for 30 s: answered again
+    assert not InboundPolicy((CARRIER,), InboundConfig(silence_after=0), 0.0).silenced(
+        stranger, 0.0
+    )
+
+
 def test_credentials_made_for_another_target_are_not_accepted() -> None:
     policy = _policy(PBX)
     value = policy(_invite(), ("192.0.2.50", 5060), 1.0).headers[0][1]
