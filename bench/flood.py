@@ -119,6 +119,7 @@ async def run_flood(
     ua, policy = server.ua, server.policy
     t0 = time.monotonic()
     samples: list[dict[str, float]] = []
+    procs: list[asyncio.subprocess.Process] = []  # every sipp: none outlives the run
 
     def sample() -> None:
         samples.append({
@@ -142,6 +143,7 @@ async def run_flood(
             ),
             cwd=out, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
+        procs.append(legit)
         legit_done = asyncio.ensure_future(legit.communicate())
         deadline = time.monotonic() + calls / 25 + 10
         while len(server.calls) < calls and time.monotonic() < deadline:
@@ -162,6 +164,7 @@ async def run_flood(
             ),
             cwd=out, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
         )  # fmt: skip
+        procs.append(flood)
         flood_done = asyncio.ensure_future(flood.communicate())
         flood_from = len(samples)
         sample()
@@ -178,6 +181,10 @@ async def run_flood(
         sample()
         finished = [s for s in server.finished if s.remote[0] == LEGIT_IP]
     finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
         await server.stop()
     counts = {k: policy.counts[k] - counts0.get(k, 0) for k in policy.counts}
     silenced = policy.silenced_count - silenced0

@@ -281,6 +281,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     stop = asyncio.Event()
     ready = asyncio.Event()
     marks: list[tuple[float, str]] = []
+    sipps: list[asyncio.subprocess.Process] = []
     t0 = time.monotonic()
     subscriber = asyncio.create_task(_subscribe(broker.port, events, ready))
     try:
@@ -300,6 +301,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 "-timeout", f"{int(duration + 120)}s", "-nostdin",
                 cwd=work, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
+            sipps.append(caller)
             flood_at = args.flood_every
             floods: list[asyncio.Task[None]] = []
             kill_at = duration / 2
@@ -333,6 +335,10 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         await asyncio.sleep(2.0)
     finally:
         stop.set()
+        for proc in sipps:  # none outlives the run, whatever happened
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
         subscriber.cancel()
         with contextlib.suppress(BaseException):
             await subscriber
