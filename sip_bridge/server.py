@@ -36,6 +36,7 @@ from sip_bridge.call_recording import StereoRecorder, recording_path
 from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
 from sip_bridge.config import BridgeConfig
 from sip_bridge.control import ControlServer
+from sip_bridge.heap import HeapTrimmer
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
 from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.native import require_fresh
@@ -110,6 +111,7 @@ class BridgeServer:
         self.stats = {"offered": 0, "established": 0, "ended": 0}
         # Media statistics of the last calls that ended (CDR material; benches read it).
         self.finished: deque[MediaStats] = deque(maxlen=1_000)  # benches; records keep all
+        self.heap = HeapTrimmer()  # freed call buffers back to the OS now and then
         self.policy: InboundPolicy | None = None
         self.registrations: RegistrarLink | None = None
         self._control: ControlServer | None = None
@@ -181,7 +183,8 @@ class BridgeServer:
 
     async def _watch_media(self) -> None:
         """Hang up calls whose peer vanished without a BYE: no RTP for ``rtp.timeout_s``
-        while it should be sending (a call it holds with inactive/sendonly is exempt)."""
+        while it should be sending (a call it holds with inactive/sendonly is exempt); and
+        trim the heap when due (:mod:`sip_bridge.heap`)."""
         loop = asyncio.get_running_loop()
         seen: dict[str, tuple[int, float]] = {}  # call -> (packets in, when that changed)
         while True:
@@ -202,6 +205,7 @@ class BridgeServer:
                     log.warning("call %s: no RTP for %.0f s; hanging up", call_id, now - since)
                     self._hangup(call_id, "RTP timeout")
             seen = current
+            self.heap.maybe_trim(now, len(self.calls))
 
     def _on_command(self, call_id: str, command: Command) -> None:
         """An operator's command for one call (MQTT); ValueError becomes an error event."""
@@ -555,6 +559,7 @@ class BridgeServer:
         if call.media is not None:
             await call.media.close(reason)
             self.finished.append(call.media.stats)
+            self.heap.call_ended()
             if call.media.recorder is not None:
                 try:
                     call.media.recorder.close()
