@@ -58,6 +58,14 @@ SAMPLE_S = 0.25
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def find_sipp() -> str:
+    """sipp's path, or the one line that says how to get it."""
+    sipp = shutil.which("sipp")
+    if sipp is None:
+        raise SystemExit("sipp not found: `make setup` installs Debian's sip-tester")
+    return sipp
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -229,9 +237,7 @@ def _first_frame_delay(rows: list[dict[str, float]]) -> dict[str, Any] | None:
 async def _run(
     calls: int, duration_s: float, rate: int, out: Path, worker: int = 0
 ) -> dict[str, Any]:
-    sipp = shutil.which("sipp")
-    if sipp is None:
-        raise SystemExit("sipp not found: `make setup` installs Debian's sip-tester")
+    sipp = find_sipp()
     out.mkdir(parents=True, exist_ok=True)
     write_tone(out / TONE_NAME)
     for old in out.glob("uac_rtp_call_*_rtt.csv"):

@@ -35,7 +35,6 @@ import asyncio
 import itertools
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import replace
@@ -51,6 +50,7 @@ from calls import (  # noqa: E402
     _free_port,
     _rss_mb,
     call_row,
+    find_sipp,
     media_figures,
     parse_sipp_counts,
     write_tone,
@@ -106,9 +106,7 @@ async def run_flood(
     t1: float = 0.5,
 ) -> dict[str, Any]:
     """One mode's run (see the module docstring); `t1` shortens Timer H for tests."""
-    sipp = shutil.which("sipp")
-    if sipp is None:
-        raise SystemExit("sipp not found: `make setup` installs Debian's sip-tester")
+    sipp = find_sipp()
     out.mkdir(parents=True, exist_ok=True)
     write_tone(out / TONE_NAME)
     talk_s = quiet_s + flood_s + 8.0  # the legitimate calls outlast the flood

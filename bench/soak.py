@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 sys.path.insert(0, str(ROOT / "tests"))
 
 import fuzz  # noqa: E402
-from calls import TONE_NAME, _free_port, write_tone  # noqa: E402
+from calls import TONE_NAME, _free_port, find_sipp, write_tone  # noqa: E402
 from kamailio_runner import Kamailio  # noqa: E402
 from mosquitto_runner import Mosquitto  # noqa: E402
 
@@ -255,9 +255,7 @@ def _spool_next_seq(node: Node) -> int:
 
 
 async def soak(args: argparse.Namespace) -> dict[str, Any]:
-    sipp = shutil.which("sipp")
-    if sipp is None:
-        raise SystemExit("sipp not found: `make setup` installs Debian's sip-tester")
+    sipp = find_sipp()
     work = args.out / "soak"
     if work.exists():
         shutil.rmtree(work)
