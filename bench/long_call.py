@@ -256,7 +256,9 @@ def queue_limits(server: BridgeServer, agent: VoiceAgent) -> dict[str, float | N
         "jitter_buffered_ms": _try(lambda: media.jb.capacity / 8),
         "playout_ms": _try(lambda: media.params.max_queue_ms),
         "agent_audio_pending_ms": None,
-        "reply_queued_ms": None,
+        # the agent's model of that same outbound queue (agent/reply_playout.py): its depth
+        # is the reply not yet spoken, so it follows reply length, capped with the queue
+        "reply_queued_ms": _try(lambda: media.params.max_queue_ms),
         "vad_backlog_windows": _try(lambda: agent._vad._stream.max_backlog + 1),
         "asr_open_s": _try(lambda: stt._max / stt.asr.sample_rate),
         "asr_segments_waiting": None,
