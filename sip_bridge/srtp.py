@@ -13,6 +13,7 @@ private as the SIP leg, so ``srtp = "required"`` belongs with TLS.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -95,18 +96,15 @@ class SrtpContext:
 
     def protect(self, data: bytes) -> bytes | None:
         """An RTP packet as SRTP; None (counted) if libsrtp refuses it."""
-        try:
-            out: bytes = self._tx.protect(data)
-        except self._error:
-            self.tx_errors += 1
-            return None
-        self.protected += 1
-        return out
+        return self._protect(self._tx.protect, data)
 
     def protect_rtcp(self, data: bytes) -> bytes | None:
         """A compound RTCP packet as SRTCP; None (counted) if libsrtp refuses it."""
+        return self._protect(self._tx.protect_rtcp, data)
+
+    def _protect(self, fn: Callable[[bytes], bytes], data: bytes) -> bytes | None:
         try:
-            out: bytes = self._tx.protect_rtcp(data)
+            out = fn(data)
         except self._error:
             self.tx_errors += 1
             return None
@@ -124,29 +122,23 @@ class SrtpContext:
         dropped. Never raises."""
         if looks_like_rtcp(data):
             return self.unprotect_rtcp(data)
-        try:
-            out: bytes = self._rx.unprotect(data)
-        except Exception as exc:  # pylibsrtp.Error, or anything odd: drop, never raise
-            self._count(exc)
-            return None
-        self.unprotected += 1
-        return out
+        return self._unprotect(self._rx.unprotect, data)
 
     def unprotect_rtcp(self, data: bytes) -> bytes | None:
         """An SRTCP packet in clear; None when dropped. Never raises."""
+        return self._unprotect(self._rx.unprotect_rtcp, data)
+
+    def _unprotect(self, fn: Callable[[bytes], bytes], data: bytes) -> bytes | None:
         try:
-            out: bytes = self._rx.unprotect_rtcp(data)
+            out = fn(data)
         except Exception as exc:  # pylibsrtp.Error, or anything odd: drop, never raise
-            self._count(exc)
+            if "replay" in str(exc):
+                self.replay += 1
+            else:  # authentication failure, or too short / not SRTP at all
+                self.auth_fail += 1
             return None
         self.unprotected += 1
         return out
-
-    def _count(self, exc: Exception) -> None:
-        if "replay" in str(exc):
-            self.replay += 1
-        else:  # authentication failure, or too short / not SRTP at all
-            self.auth_fail += 1
 
     def counters(self) -> dict[str, int]:
         """The :class:`~sip_bridge.media_params.MediaStats` fields."""

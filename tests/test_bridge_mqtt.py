@@ -27,6 +27,14 @@ def _config(tmp_path: Path, broker: Mosquitto, node: str) -> Path:
     return f
 
 
+async def _collect_until(ops: aiomqtt.Client, got: list[dict[str, Any]], event: str) -> None:
+    """Append every event the subscription delivers to ``got``, up to one of kind ``event``."""
+    async for msg in ops.messages:
+        got.append(json.loads(bytes(msg.payload)))
+        if got[-1]["event"] == event:
+            return
+
+
 def test_call_events_and_operator_commands_over_mqtt(tmp_path: Path) -> None:
     broker = Mosquitto(tmp_path / "broker")
     broker.start()
@@ -118,10 +126,7 @@ def test_events_of_a_call_during_a_broker_outage_arrive_after_it(tmp_path: Path)
                     f"sip:7000@127.0.0.1:{server.port}", play, tmp_path / "heard.wav",
                     duration_s=2.0, rtp_ports=(45700, 45799),
                 )))  # fmt: skip
-                async for msg in ops.messages:
-                    got.append(json.loads(bytes(msg.payload)))
-                    if got[-1]["event"] == "answered":
-                        break
+                await _collect_until(ops, got, "answered")
             broker.stop()  # mid-call: the call ends while the broker is away
             assert (await call).answered
             link = server.telemetry.mqtt
@@ -133,10 +138,7 @@ def test_events_of_a_call_during_a_broker_outage_arrive_after_it(tmp_path: Path)
             async with aiomqtt.Client("127.0.0.1", broker.port, identifier="ops2") as ops:
                 await ops.subscribe("sipbridge/node-b/calls/#", qos=1)
                 async with asyncio.timeout(20):
-                    async for msg in ops.messages:
-                        got.append(json.loads(bytes(msg.payload)))
-                        if got[-1]["event"] == "ended":
-                            break
+                    await _collect_until(ops, got, "ended")
         finally:
             await server.stop()
         return got
@@ -178,14 +180,7 @@ def test_calls_cut_off_by_a_crash_get_their_ended_event_at_the_next_start(
             server = BridgeServer(load_config(f))
             await server.start()
             try:
-
-                async def consume() -> None:
-                    async for msg in ops.messages:
-                        got.append(json.loads(bytes(msg.payload)))
-                        if got[-1]["event"] == "ended":
-                            return
-
-                await asyncio.wait_for(consume(), 10)
+                await asyncio.wait_for(_collect_until(ops, got, "ended"), 10)
             finally:
                 await server.stop()
         return got
