@@ -183,6 +183,14 @@ def _line_of(text: str, section: str, key: str | None) -> int | None:
     return section_line
 
 
+def _choice(value: str, allowed: tuple[str, ...], text: str, p: str, key: str) -> None:
+    """:func:`_check_choice` for ``section.key`` of ``text``; the line (a scan of the whole
+    text) is looked up only when there is an error to report."""
+    if value not in allowed:
+        section, _, name = key.rpartition(".")
+        _check_choice(value, allowed, p, _line_of(text, section, name), key)
+
+
 def _walk(data: dict[str, Any], text: str, path: str) -> None:
     """Unknown sections/keys and wrong types, with the line they are on."""
     for name, value in data.items():
@@ -249,10 +257,10 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             raise ConfigError(p, _line_of(text, "sip.timers", k), f"sip.timers.{k}", "must be > 0")
     if "transports" in sip:
         for t in sip["transports"]:
-            _check_choice(t, TRANSPORTS, p, _line_of(text, "sip", "transports"), "sip.transports")
+            _choice(t, TRANSPORTS, text, p, "sip.transports")
         sip["transports"] = tuple(sip["transports"])
     sip_cfg = SipConfig(timers=timers, tls=tls, **sip)
-    _check_choice(sip_cfg.srtp, SRTP_MODES, p, _line_of(text, "sip", "srtp"), "sip.srtp")
+    _choice(sip_cfg.srtp, SRTP_MODES, text, p, "sip.srtp")
     if sip_cfg.srtp == "required" and not sip_cfg.tls.enabled:
         log.warning("%s: sip.srtp = required without [sip.tls]: SDES keys go in clear SIP", p)
     _check_hostport(sip_cfg.listen, p, _line_of(text, "sip", "listen"), "sip.listen")
@@ -272,7 +280,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         raise ConfigError(p, _line_of(text, "sip", "drain_s"), "sip.drain_s", "must be 0..86400 s")
     rtp = RtpConfig(**data.get("rtp", {}))
     _check_port_range(rtp.ports, p, _line_of(text, "rtp", "ports"), "rtp.ports")
-    _check_choice(rtp.symmetric, SYMMETRIC, p, _line_of(text, "rtp", "symmetric"), "rtp.symmetric")
+    _choice(rtp.symmetric, SYMMETRIC, text, p, "rtp.symmetric")
     if not (rtp.timeout_s == 0 or 1 <= rtp.timeout_s <= 3600):
         line = _line_of(text, "rtp", "timeout_s")
         raise ConfigError(p, line, "rtp.timeout_s", "must be 0 (never) or 1..3600 s")
@@ -307,7 +315,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             line = _line_of(text, "agent.voice", "profile")
             raise ConfigError(p, line, "agent.voice.profile", f"no such file: {f}")
         agent_cfg = replace(agent_cfg, voice_profile=str(f))
-    _check_choice(agent_cfg.name, AGENTS, p, _line_of(text, "agent", "name"), "agent.name")
+    _choice(agent_cfg.name, AGENTS, text, p, "agent.name")
     if agent_cfg.name == "speech_model" and speech_model is None:
         line = _line_of(text, "agent", "name")
         raise ConfigError(p, line, "agent.speech_model", "is required when name = speech_model")
@@ -379,7 +387,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             line = entry_key_line(text, "routes", i, "agent")
             raise ConfigError(p, line, f"routes[{i + 1}].agent", "needs [agent.playback] file")
     models = ModelSettings(**data.get("models", {}))
-    _check_choice(models.device, DEVICES, p, _line_of(text, "models", "device"), "models.device")
+    _choice(models.device, DEVICES, text, p, "models.device")
     for key in ("threads", "workers"):
         if not 1 <= getattr(models, key) <= 64:
             raise ConfigError(p, _line_of(text, "models", key), f"models.{key}", "must be 1..64")
@@ -409,10 +417,10 @@ def _build_model_fault(a: AgentConfig, text: str, p: str) -> AgentConfig:
     if not 0 <= a.model_timeout_s <= 600:
         line = _line_of(text, "agent", "model_timeout_s")
         raise ConfigError(p, line, "agent.model_timeout_s", "must be 0 (no limit) .. 600 s")
-    line = _line_of(text, "agent", "on_model_fault")
-    _check_choice(a.on_model_fault, MODEL_FAULT_ACTIONS, p, line, "agent.on_model_fault")
+    _choice(a.on_model_fault, MODEL_FAULT_ACTIONS, text, p, "agent.on_model_fault")
     target = a.fault_transfer_to.strip()
     if a.on_model_fault == "transfer" and not target:
+        line = _line_of(text, "agent", "on_model_fault")
         raise ConfigError(p, line, "agent.fault_transfer_to", "is required with on_model_fault"
                           ' = "transfer"')  # fmt: skip
     if target and not re.fullmatch(r"sips?:[^\s<>\"]+|\+?[0-9*#]{1,32}", target):
