@@ -53,7 +53,7 @@ def _start_bridge(max_calls: int) -> tuple[subprocess.Popen[str], int]:
         [
             sys.executable, "-m", "sip_bridge.cli", "run",
             "--config", str(ROOT / "config" / "bridge.toml"),
-            "--listen", f"127.0.0.1:{port}",
+            "--listen", f"127.0.0.1:{port}", "--http", "off",
             "--rtp-ports", "46000-47999",
             "--max-calls", str(max_calls),
         ],

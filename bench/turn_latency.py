@@ -109,6 +109,7 @@ async def start_bridge(
     config = replace(
         config,
         sip=replace(config.sip, listen="127.0.0.1:0", max_calls=max(calls, 10)),
+        http=replace(config.http, listen=""),
         rtp=replace(config.rtp, ports="31000-31999"),
     )
     agents: list[VoiceAgent] = []

@@ -10,12 +10,12 @@ import os
 import threading
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.base import Agent
+from agent.base import Agent, AgentOutput, CallInfo
 from agent.echo import EchoAgent
 from agent.fallback_prompt import FallbackPromptAgent
 from agent.playback import PlaybackAgent, load_wav
@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from model_runtime.sessions import Device
     from model_runtime.speech_to_speech import SpeechToSpeechModel
     from sip_bridge.config_types import AgentConfig
-    from sip_bridge.media import CallMedia
 
 __all__ = ["fallback_prompt", "load_agent_models", "make_agent", "prepare_agents", "take_over"]
 
@@ -112,7 +111,18 @@ def fallback_prompt(a: AgentConfig, sample_rate: int) -> NDArray[np.int16]:
     return pcm
 
 
-async def take_over(media: CallMedia, a: AgentConfig) -> None:
+class Leg(Protocol):
+    """What :func:`take_over` needs of a call's leg: a SIP call's media, or a browser
+    session (:class:`~sip_bridge.webrtc_leg.BrowserSession`)."""
+
+    agent: Agent
+    call: CallInfo
+
+    @property
+    def output(self) -> AgentOutput: ...
+
+
+async def take_over(media: Leg, a: AgentConfig) -> None:
     """A model fault: silence the failed agent (its queued audio is dropped), stop it, and
     put the fallback prompt in its place, which then hangs up or transfers. The prompt
     agent answers at the failed one's rate, so the call's resamplers fit it."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["CallFacts", "CallTelemetry", "EventSink", "hostport"]
 
 log = logging.getLogger(__name__)
+
+RECENT_TURNS = 5  # per live call, for the console
 
 #: ``publish(call_id, event, fields)``: a call event out (MQTT), never blocking.
 EventSink = Callable[[str, str, dict[str, Any]], object]
@@ -70,6 +73,8 @@ class CallTelemetry:
     event_errors: int = 0
     http: MetricsServer | None = None  # /metrics and /healthz
     mqtt: MqttLink | None = None  # events out, operator commands in
+    # the last turns of each call in progress, for the operator console
+    recent_turns: dict[str, deque[TurnCompleted]] = field(default_factory=dict)
 
     async def open(
         self,
@@ -152,6 +157,10 @@ class CallTelemetry:
         ))  # fmt: skip
 
     def turn(self, call_id: str, t: TurnCompleted) -> None:
+        recent = self.recent_turns.get(call_id)
+        if recent is None:
+            recent = self.recent_turns[call_id] = deque(maxlen=RECENT_TURNS)
+        recent.append(t)
         if self.records is not None:
             self.records.turn(call_id, caller_text=t.caller_text, agent_text=t.agent_text,
                               timings={**t.stages_ms, "barged_in": t.barged_in})  # fmt: skip
@@ -177,6 +186,7 @@ class CallTelemetry:
     def ended(
         self, c: CallFacts, outcome: str, reason: str, media: MediaStats | None = None
     ) -> None:
+        self.recent_turns.pop(c.call_id, None)
         now = time.time()
         duration = now - c.answered if c.answered is not None else 0.0
         if self.records is not None:

@@ -26,6 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--agent", metavar="NAME", help="override agent.name")
     run.add_argument("--rtp-ports", metavar="LOW-HIGH", help="override rtp.ports")
     run.add_argument("--max-calls", metavar="N", type=int, help="override sip.max_calls")
+    run.add_argument("--http", metavar="HOST:PORT", help="override http.listen ('off': none)")
     run.add_argument("-v", "--verbose", action="store_true", help="log every call")
     status = sub.add_parser("status", help="show a running bridge's calls and registrations")
     status.add_argument("--config", default=None, help="the bridge.toml it runs with")
@@ -83,8 +84,9 @@ async def _serve(args: argparse.Namespace) -> int:
     from sip_bridge.server import BridgeServer, settle_heap
 
     config = load_config(args.config).with_overrides(
-        listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports, max_calls=args.max_calls
-    )
+        listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports, max_calls=args.max_calls,
+        http=args.http,
+    )  # fmt: skip
     server = BridgeServer(config, control=True)
     await server.start()
     settle_heap()
@@ -94,13 +96,16 @@ async def _serve(args: argparse.Namespace) -> int:
     sock = config.control.socket_path(server.port)
     print(f"status: sip-bridge status --socket {sock}", flush=True)
     print(f"media path: {server.media_path}", flush=True)
+    if server.web is not None:
+        print(f"talk to an agent in a browser: {server.web.url}/talk", flush=True)
+        print(f"operator console: {server.web.url}/console", flush=True)
     loop = asyncio.get_running_loop()
     stop, drain, wake = asyncio.Event(), asyncio.Event(), asyncio.Event()
 
     def load() -> BridgeConfig:
         return load_config(args.config).with_overrides(
             listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports,
-            max_calls=args.max_calls,
+            max_calls=args.max_calls, http=args.http,
         )  # fmt: skip
 
     reloading: list[asyncio.Task[bool]] = []

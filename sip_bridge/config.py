@@ -7,6 +7,7 @@ with the file, the line, the key and what is allowed; unknown keys are errors
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import re
@@ -27,6 +28,7 @@ from sip_bridge.config_types import (
     BridgeConfig,
     ConfigError,
     ControlConfig,
+    HttpConfig,
     InboundConfig,
     JitterConfig,
     MetricsConfig,
@@ -56,6 +58,7 @@ __all__ = [
     "BridgeConfig",
     "ConfigError",
     "ControlConfig",
+    "HttpConfig",
     "InboundConfig",
     "JitterConfig",
     "MetricsConfig",
@@ -160,6 +163,14 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "password_env": (str,),
         "spool_dir": (str,),
         "keepalive_s": (int,),
+    },
+    "http": {
+        "listen": (str,),
+        "ice_addresses": (list,),
+        "operator_token_env": (str,),
+        "operator_token_file": (str,),
+        "max_sessions": (int,),
+        "token_ttl_s": (int, float),
     },
     "trunks": {},  # an array of tables: checked by sip_bridge.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.routes
@@ -386,6 +397,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         if name == "playback" and not agent_cfg.playback_file:
             line = entry_key_line(text, "routes", i, "agent")
             raise ConfigError(p, line, f"routes[{i + 1}].agent", "needs [agent.playback] file")
+    http = _build_http(data.get("http", {}), text, p)
     models = ModelSettings(**data.get("models", {}))
     _choice(models.device, DEVICES, text, p, "models.device")
     for key in ("threads", "workers"):
@@ -405,10 +417,48 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         records=records,
         metrics=metrics,
         mqtt=mqtt,
+        http=http,
         inbound=inbound,
         control=control,
         path=p,
     )
+
+
+def _build_http(section: dict[str, Any], text: str, p: str) -> HttpConfig:
+    """[http]: addresses checked, the operator token read now (never kept in the file)."""
+
+    def fail(key: str, why: str) -> ConfigError:
+        return ConfigError(p, _line_of(text, "http", key), f"http.{key}", why)
+
+    h = HttpConfig(**{**section, "ice_addresses": tuple(section.get("ice_addresses", ()))})
+    if h.listen:
+        _check_hostport(h.listen, p, _line_of(text, "http", "listen"), "http.listen")
+    for a in h.ice_addresses:
+        try:
+            ipaddress.ip_address(a)
+        except (ValueError, TypeError):
+            raise fail("ice_addresses", f"{a!r} is not an IP address") from None
+    if not 1 <= h.max_sessions <= 1000:
+        raise fail("max_sessions", "must be 1..1000")
+    if not 10 <= h.token_ttl_s <= 86400:
+        raise fail("token_ttl_s", "must be 10..86400 s")
+    if h.operator_token_env and h.operator_token_file:
+        raise fail("operator_token_file", "give operator_token_env or operator_token_file")
+    token = ""
+    if h.operator_token_env:
+        token = os.environ.get(h.operator_token_env, "")
+        if not token:
+            raise fail("operator_token_env", f"{h.operator_token_env} is not set")
+    elif h.operator_token_file:
+        f = Path(p).resolve().parent / h.operator_token_file
+        try:
+            token = f.read_text().strip().splitlines()[0].strip()
+        except (OSError, IndexError, UnicodeDecodeError):
+            raise fail("operator_token_file", f"cannot read a token from {f}") from None
+    if token and len(token) < 16:
+        key = "operator_token_env" if h.operator_token_env else "operator_token_file"
+        raise fail(key, "the operator token must have at least 16 characters")
+    return replace(h, operator_token=token)
 
 
 def _build_model_fault(a: AgentConfig, text: str, p: str) -> AgentConfig:

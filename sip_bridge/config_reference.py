@@ -98,6 +98,16 @@ MEANINGS: dict[str, str] = {
     "records.db": "empty: `$SIP_BRIDGE_DATA/calls.sqlite`, else ~/.local/share/sip-bridge/",
     "records.recordings_dir": "a stereo WAV per call here (caller left, agent right); empty: off",
     "metrics.listen": "`HOST:PORT` of `/metrics` and `/healthz`; empty: off",
+    "http.listen": "`HOST:PORT` of the talk page (`/talk`) and the operator console"
+    " (`/console`); empty: off (the shipped file: `127.0.0.1:8088`)",
+    "http.ice_addresses": "IP addresses WebRTC media may use (host candidates, never STUN);"
+    " empty: the listen address, or every host address when listening on `0.0.0.0`/`::`",
+    "http.operator_token_env": "environment variable holding the operator token that console"
+    " actions (hang up, transfer) need; no token: the console is read-only",
+    "http.operator_token_file": "a file (relative to this file) whose first line is the operator"
+    " token, instead of `operator_token_env`; at least 16 characters",
+    "http.max_sessions": "browser sessions at once (1..1000); more get 503",
+    "http.token_ttl_s": "seconds a talk page may start sessions with its page token (10..86400)",
     "mqtt.enabled": "call events out and commands in over MQTT",
     "mqtt.host": "the broker",
     "mqtt.port": "its port",
@@ -146,7 +156,7 @@ _CLASS: dict[str, type] = {
     "agent.voice": VoiceSettings, "agent.speech_model": c.SpeechModelConfig,
     "models": ModelSettings, "inbound": c.InboundConfig, "control": c.ControlConfig,
     "node": c.NodeConfig, "records": c.RecordsConfig, "metrics": c.MetricsConfig,
-    "mqtt": c.MqttConfig, "trunks": TrunkConfig, "routes": RouteConfig,
+    "mqtt": c.MqttConfig, "http": c.HttpConfig, "trunks": TrunkConfig, "routes": RouteConfig,
     "agent.echo": c.AgentConfig, "agent.tone": c.AgentConfig, "agent.playback": c.AgentConfig,
 }  # fmt: skip
 

@@ -213,6 +213,19 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """The browser leg (talk to an agent over WebRTC) and the operator console."""
+
+    listen: str = ""  # HOST:PORT; empty: off (the shipped config/bridge.toml turns it on)
+    ice_addresses: tuple[str, ...] = ()  # WebRTC host candidates; empty: the listen host
+    operator_token_env: str = ""  # console actions need this token (hang up, transfer)
+    operator_token_file: str = ""
+    operator_token: str = ""  # resolved from the env variable or the file at load time
+    max_sessions: int = 4  # browser sessions at once
+    token_ttl_s: float = 600.0  # how long a talk page may start sessions
+
+
+@dataclass(frozen=True)
 class MqttConfig:
     """Call events out and operator commands in over MQTT (off unless enabled)."""
 
@@ -240,6 +253,7 @@ class BridgeConfig:
     records: RecordsConfig = field(default_factory=RecordsConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     path: str = "<defaults>"
 
     def for_route(self, route: RouteConfig | None) -> BridgeConfig:
@@ -268,10 +282,16 @@ class BridgeConfig:
         agent: str | None = None,
         rtp_ports: str | None = None,
         max_calls: int | None = None,
+        http: str | None = None,
     ) -> BridgeConfig:
-        """Command-line overrides, validated like the file ("<command line>" in errors)."""
+        """Command-line overrides, validated like the file ("<command line>" in errors);
+        ``http="off"`` turns the web server off."""
         cfg = self
         where = "<command line>"
+        if http is not None:
+            if http != "off":
+                _check_hostport(http, where, None, "--http")
+            cfg = replace(cfg, http=replace(cfg.http, listen="" if http == "off" else http))
         if listen is not None:
             _check_hostport(listen, where, None, "--listen")
             cfg = replace(cfg, sip=replace(cfg.sip, listen=listen))

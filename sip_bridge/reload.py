@@ -44,6 +44,7 @@ def keep_bound(old: BridgeConfig, new: BridgeConfig) -> tuple[BridgeConfig, list
         ("rtp.ports", old.rtp.ports, new.rtp.ports),
         ("control", old.control, new.control),
         ("models", old.models, new.models),
+        ("http.listen", old.http.listen, new.http.listen),
     ):
         if a != b:
             kept.append(name)
@@ -60,7 +61,8 @@ def keep_bound(old: BridgeConfig, new: BridgeConfig) -> tuple[BridgeConfig, list
         external_address=old.sip.external_address,
     )
     rtp = replace(new.rtp, ports=old.rtp.ports)
-    merged = replace(new, sip=sip, rtp=rtp, control=old.control, models=old.models)
+    http = replace(new.http, listen=old.http.listen)
+    merged = replace(new, sip=sip, rtp=rtp, control=old.control, models=old.models, http=http)
     return merged, kept
 
 

@@ -14,7 +14,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent.base import (
     Agent,
@@ -65,6 +65,9 @@ from sip_bridge.ua import (
     TransferProgress,
     UaEvent,
 )
+
+if TYPE_CHECKING:
+    from sip_bridge.web_server import WebServer
 
 __all__ = ["BridgeServer", "make_agent"]
 
@@ -121,6 +124,7 @@ class BridgeServer:
         # records, metrics, events: off until start() opens what the config asks for
         self.telemetry = CallTelemetry(config.node.node_name, active=lambda: len(self.calls))
         self.ready = False  # models loaded and listening: /healthz says ok
+        self.web: WebServer | None = None  # [http]: the talk page and the console
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -179,6 +183,16 @@ class BridgeServer:
                 raise TransportError(f"control socket: {exc}") from None
             self._control = control
         await self._start_registrations(now)
+        if self.config.http.listen:  # the talk page and the operator console
+            from sip_bridge.web_server import WebServer
+
+            web = WebServer(self)
+            try:
+                await web.start()
+            except OSError as exc:
+                await self.transport.close()
+                raise TransportError(f"http.listen {self.config.http.listen}: {exc}") from None
+            self.web = web
         self.ready = True
 
     async def _watch_media(self) -> None:
@@ -308,6 +322,8 @@ class BridgeServer:
             await unregistered
         if self._control is not None:
             await self._control.close()
+        if self.web is not None:
+            await self.web.stop()
         for t in list(self._tasks):
             t.cancel()
         for call in list(self.calls.values()):

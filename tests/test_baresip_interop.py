@@ -64,6 +64,7 @@ def test_baresip_calls_make_run_and_hears_its_tone_echoed(tmp_path: Path) -> Non
             sys.executable, "-m", "sip_bridge.cli", "run",
             "--config", str(ROOT / "config" / "bridge.toml"),
             "--listen", "127.0.0.1:0", "--rtp-ports", rtp_ports, "--agent", "echo",
+            "--http", "off",
         ],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip

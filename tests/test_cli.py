@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.request
 from pathlib import Path
 
 from sip_bridge import __version__
@@ -39,6 +40,7 @@ def test_run_prints_the_uri_answers_options_and_stops_on_sigterm() -> None:
     proc = _cli(
         "run", "--config", "config/bridge.toml", "--listen", "127.0.0.1:0",
         "--rtp-ports", "45000-45099", "--max-calls", "3", "--agent", "echo",
+        "--http", "127.0.0.1:0",
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -48,6 +50,12 @@ def test_run_prints_the_uri_answers_options_and_stops_on_sigterm() -> None:
         m = re.search(r"dial sip:echo@127\.0\.0\.1:(\d+)", second)
         assert m, second
         port = int(m.group(1))
+        # the browser leg and the console, on the port the OS gave
+        lines = [proc.stdout.readline() for _ in range(4)]
+        console = re.search(r"operator console: (http://127\.0\.0\.1:\d+/console)", lines[-1])
+        assert console and "talk to an agent in a browser: http://" in lines[-2], lines
+        with urllib.request.urlopen(console.group(1), timeout=5) as page:
+            assert page.status == 200 and b'id="live"' in page.read()
         # OPTIONS is the health check a PBX or load balancer sends.
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.1", 0))
@@ -92,7 +100,7 @@ def test_missing_models_and_broken_profiles_exit_2_in_one_line(tmp_path: Path) -
     env = {**os.environ, "SIP_BRIDGE_MODELS": str(tmp_path / "empty-store")}
     proc = subprocess.run(
         [sys.executable, "-m", "sip_bridge.cli", "run", "--config", "config/bridge.toml",
-         "--listen", "127.0.0.1:0"],
+         "--listen", "127.0.0.1:0", "--http", "off"],
         capture_output=True, text=True, cwd=ROOT, env=env, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr

@@ -65,6 +65,22 @@ def _write(tmp_path: Path, text: str) -> Path:
         ('[agent]\nname = "playback"\n', 2, "agent.playback.file", "is required"),
         ('[agent.playback]\nfile = "missing.wav"\n', 2, "agent.playback.file", "no such file"),
         ("[sip]\nmax_call_s = -1\n", 2, "sip.max_call_s", ">= 0"),
+        ('[http]\nlisten = "8088"\n', 2, "http.listen", "HOST:PORT"),
+        ('[http]\n\nice_addresses = ["eth0"]\n', 3, "http.ice_addresses", "not an IP address"),
+        ("[http]\nmax_sessions = 0\n", 2, "http.max_sessions", "1..1000"),
+        ('[http]\noperator_token = "x"\n', 2, "http.operator_token", "unknown key"),
+        (
+            '[http]\noperator_token_env = "SB_NOT_SET_ANYWHERE"\n',
+            2,
+            "http.operator_token_env",
+            "SB_NOT_SET_ANYWHERE is not set",
+        ),
+        (
+            '[http]\noperator_token_file = "none.txt"\n',
+            2,
+            "http.operator_token_file",
+            "cannot read a token",
+        ),
         ("[sip\nlisten=1\n", 1, "syntax", ""),
     ],
 )
@@ -126,3 +142,19 @@ def test_line_check_agents_from_the_file(tmp_path: Path) -> None:
     )
     assert isinstance(tone, ToneAgent)
     assert isinstance(make_agent(BridgeConfig()), EchoAgent)
+
+
+def test_the_operator_token_comes_from_a_file_or_the_environment_never_the_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "op.token").write_text("a-long-enough-operator-token\n")
+    cfg = load_config(
+        _write(tmp_path, '[http]\nlisten = "127.0.0.1:0"\noperator_token_file = "op.token"\n')
+    )
+    assert cfg.http.operator_token == "a-long-enough-operator-token"
+    monkeypatch.setenv("SB_OPERATOR", "short")
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        load_config(_write(tmp_path, '[http]\noperator_token_env = "SB_OPERATOR"\n'))
+    assert BridgeConfig().with_overrides(http="off").http.listen == ""
+    with pytest.raises(ConfigError, match="--http"):
+        BridgeConfig().with_overrides(http="8088")

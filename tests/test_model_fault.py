@@ -57,6 +57,7 @@ def _config(tmp_path: Path, **agent: Any) -> BridgeConfig:
     return replace(
         cfg,
         sip=replace(cfg.sip, listen="127.0.0.1:0"),
+        http=replace(cfg.http, listen=""),
         rtp=replace(cfg.rtp, ports=f"{low}-{high}"),
         records=replace(cfg.records, enabled=True, db=str(tmp_path / "calls.sqlite")),
         agent=replace(cfg.agent, **agent),

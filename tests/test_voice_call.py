@@ -49,6 +49,7 @@ def config(tmp_path_factory: pytest.TempPathFactory) -> BridgeConfig:
     cfg = replace(
         cfg,
         sip=replace(cfg.sip, listen="127.0.0.1:0"),
+        http=replace(cfg.http, listen=""),
         rtp=replace(cfg.rtp, ports=f"{low}-{high}"),
         records=replace(cfg.records, enabled=True, db=str(db)),
     )

@@ -1,0 +1,114 @@
+"""What the web pages show, as plain data: the agent profiles a browser may talk to, and the
+live calls of both legs (SIP and WebRTC) in one shape for the operator console."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from sip_bridge.operator_view import bridge_status
+
+if TYPE_CHECKING:
+    from agent.base import TurnCompleted
+    from sip_bridge.config import BridgeConfig
+    from sip_bridge.server import BridgeServer
+    from sip_bridge.webrtc_leg import BrowserSession
+
+__all__ = ["live_calls", "talk_profiles", "turn_total_ms"]
+
+_CUT = 200  # characters of a turn's text in the live view
+
+
+def talk_profiles(config: BridgeConfig) -> dict[str, tuple[str, BridgeConfig]]:
+    """key -> (label, the config a session with it runs): the default agent, every route's,
+    and every other profile file beside the default one (``config/agents/*.toml``). Only
+    these can be picked: a page never names a file."""
+    out: dict[str, tuple[str, BridgeConfig]] = {}
+    seen: set[tuple[str, str]] = set()
+
+    def add(key: str, label: str, cfg: BridgeConfig) -> None:
+        a = cfg.agent
+        ident = (a.name, a.voice_profile if a.name == "voice" else "")
+        if ident in seen or key in out:
+            return
+        seen.add(ident)
+        out[key] = (label, cfg)
+
+    add(_name(config), f"{_describe(config)} (default)", config)
+    for route in config.routes:
+        cfg = config.for_route(route)
+        add(f"route:{route.name}", f"{_describe(cfg)} (route {route.name})", cfg)
+    folder = Path(config.agent.voice_profile).parent
+    for path in sorted(folder.glob("*.toml")) if folder.is_dir() else ():
+        cfg = replace(config, agent=replace(config.agent, name="voice", voice_profile=str(path)))
+        add(path.stem, _describe(cfg), cfg)
+    return out
+
+
+def _name(cfg: BridgeConfig) -> str:
+    a = cfg.agent
+    return Path(a.voice_profile).stem if a.name == "voice" else a.name
+
+
+def _describe(cfg: BridgeConfig) -> str:
+    a = cfg.agent
+    if a.name == "voice":
+        return f"{Path(a.voice_profile).stem} (voice agent, {Path(a.voice_profile).name})"
+    return f"{a.name} agent"
+
+
+def turn_total_ms(stages: Mapping[str, Any]) -> float | None:
+    """A turn's latency: its ``total``, else the sum of its stages (None: no figures)."""
+    total = stages.get("total")
+    if isinstance(total, int | float) and not isinstance(total, bool):
+        return round(float(total), 1)
+    parts = [v for v in stages.values() if isinstance(v, int | float) and not isinstance(v, bool)]
+    return round(float(sum(parts)), 1) if parts else None
+
+
+def _turns(turns: Iterable[TurnCompleted]) -> list[dict[str, Any]]:
+    cut = _CUT
+    return [
+        {
+            "caller": t.caller_text[:cut],
+            "agent": t.agent_text[:cut],
+            "total_ms": turn_total_ms(t.stages_ms),
+        }
+        for t in turns
+    ]
+
+
+def live_calls(
+    bridge: BridgeServer, sessions: Iterable[BrowserSession], now: float
+) -> list[dict[str, Any]]:
+    """Every call in progress, SIP then WebRTC, in the console's shape."""
+    out = []
+    recent = bridge.telemetry.recent_turns
+    for c in bridge_status(bridge)["calls"]:
+        call = bridge.calls.get(c["call_id"])
+        cfg = call.config if call is not None and call.config is not None else bridge.config
+        turns = _turns(recent.get(c["call_id"], ()))
+        out.append({
+            "call_id": c["call_id"], "leg": "sip", "caller": c["caller"], "callee": c["callee"],
+            "trunk": c["trunk"], "route": c["route"], "agent": c["agent"],
+            "profile": _name(cfg) if cfg.agent.name == "voice" else None,
+            "state": c["state"], "duration_s": c["duration_s"],
+            "jitter_ms": c.get("jitter_ms"), "loss_pct": c.get("loss_pct"),
+            "turn_latency_ms": turns[-1]["total_ms"] if turns else None,
+            "last_turns": turns,
+        })  # fmt: skip
+    for s in sessions:
+        if s.closed_reason is not None:
+            continue
+        turns = _turns(s.last_turns(5))
+        out.append({
+            "call_id": s.call.call_id, "leg": "webrtc", "caller": s.call.caller,
+            "callee": s.profile, "trunk": None, "route": f"webrtc:{s.profile}",
+            "agent": s.agent.name, "profile": s.profile, "state": s.state,
+            "duration_s": round(s.duration_s(now), 1), "jitter_ms": None, "loss_pct": None,
+            "turn_latency_ms": turns[-1]["total_ms"] if turns else None,
+            "last_turns": turns,
+        })  # fmt: skip
+    return out

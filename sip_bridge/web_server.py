@@ -1,0 +1,424 @@
+"""The bridge's web server (aiohttp): the talk page (an operator talks to an agent profile
+from the browser, :mod:`sip_bridge.webrtc_leg`) and the operator console (live calls of
+both legs, past calls from the records, hang-up and transfer).
+
+Trust model, because this page can start agent sessions and end calls:
+- A talk page carries a page token (random, valid ``token_ttl_s``) that only a page served
+  by us can read (same-origin policy); starting a session needs it in an ``Authorization``
+  header, which a page of another origin cannot send without a CORS preflight we never
+  answer. Requests whose ``Origin`` is not our own are refused as well.
+- The console reads without a token (it listens on loopback by default); its actions need
+  the operator token from ``[http] operator_token_env``/``operator_token_file``. Without
+  one configured the console is read-only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import html
+import ipaddress
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from aiohttp import web
+
+from agent.base import AgentEvent, CallInfo, ModelFault, TurnCompleted
+from sip_bridge.agents import take_over
+from sip_bridge.call_telemetry import CallFacts
+from sip_bridge.config_types import parse_hostport
+from sip_bridge.console_view import live_calls, talk_profiles, turn_total_ms
+from sip_bridge.records import RecordsError
+from sip_bridge.webrtc_leg import BrowserSession, ice_hosts
+
+if TYPE_CHECKING:
+    from sip_bridge.config_types import AgentConfig
+    from sip_bridge.server import BridgeServer
+
+__all__ = ["PageTokens", "WebServer"]
+
+log = logging.getLogger(__name__)
+
+STATIC = Path(__file__).resolve().parent / "static"
+_STATIC_TYPES = {".js": "text/javascript", ".css": "text/css", ".svg": "image/svg+xml"}
+_MAX_OFFER = 64 * 1024
+_SSE_PING_S = 15.0
+
+
+class PageTokens:
+    """Short-lived tokens handed to talk pages; at most ``limit`` alive (the oldest go)."""
+
+    def __init__(self, ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 limit: int = 1000) -> None:  # fmt: skip
+        self.ttl_s = ttl_s
+        self._clock = clock
+        self._limit = limit
+        self._tokens: dict[str, float] = {}  # token -> expiry, oldest first
+
+    def issue(self) -> str:
+        self._prune()
+        while len(self._tokens) >= self._limit:
+            del self._tokens[next(iter(self._tokens))]
+        token = secrets.token_urlsafe(24)
+        self._tokens[token] = self._clock() + self.ttl_s
+        return token
+
+    def valid(self, token: str) -> bool:
+        self._prune()
+        return token in self._tokens
+
+    def _prune(self) -> None:
+        now = self._clock()
+        for t in [t for t, exp in self._tokens.items() if exp <= now]:
+            del self._tokens[t]
+
+
+def _bearer(request: web.Request) -> str:
+    auth = request.headers.get("Authorization", "")
+    return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
+
+
+def _same_origin(request: web.Request) -> bool:
+    """A browser names the page's origin on every POST/DELETE; it must be ours."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True  # not a browser (curl, a test): the tokens still apply
+    return urlsplit(origin).netloc == request.host
+
+
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
+
+
+class WebServer:
+    """Serves the pages and APIs on ``[http] listen`` for one :class:`BridgeServer`."""
+
+    def __init__(self, bridge: BridgeServer) -> None:
+        self.bridge = bridge
+        cfg = bridge.config.http
+        self.host, self.port = parse_hostport(cfg.listen)
+        self.tokens = PageTokens(cfg.token_ttl_s)
+        self.sessions: dict[str, BrowserSession] = {}
+        self._facts: dict[str, CallFacts] = {}  # per session: what telemetry reports
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._agent_cfg: dict[str, AgentConfig] = {}  # per session: its [agent] (faults)
+        self._runner: web.AppRunner | None = None
+        self._pages: dict[str, str] = {}
+        app = web.Application(client_max_size=_MAX_OFFER)
+        app.router.add_get("/", self._root)
+        app.router.add_get("/talk", self._talk_page)
+        app.router.add_get("/console", self._console_page)
+        app.router.add_get("/static/{name}", self._static)
+        app.router.add_post("/talk/offer", self._offer)
+        app.router.add_delete("/talk/sessions/{sid}", self._end_session)
+        app.router.add_get("/talk/sessions/{sid}/events", self._session_events)
+        app.router.add_get("/api/calls", self._api_calls)
+        app.router.add_get("/api/history", self._api_history)
+        app.router.add_get("/api/calls/{call_id}", self._api_call)
+        app.router.add_post("/api/calls/{call_id}/hangup", self._api_hangup)
+        app.router.add_post("/api/calls/{call_id}/transfer", self._api_transfer)
+        self.app = app
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    async def start(self) -> None:
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port, reuse_address=True)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        if not _loopback(self.host):
+            log.warning("http.listen %s is not loopback: whoever reaches it can talk to the "
+                        "agents and watch calls", self.host)  # fmt: skip
+        if self.port == 0:  # the OS picked one (tests)
+            server = getattr(site, "_server", None)
+            if server is not None and server.sockets:
+                self.port = int(server.sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        for s in list(self.sessions.values()):
+            await s.close("shutting down")
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- pages ---------------------------------------------------------------------------------
+
+    def _page(
+        self, name: str, values: dict[str, str], data: dict[str, Any] | None = None
+    ) -> web.Response:
+        """A page with its placeholders filled: ``values`` HTML-escaped, ``data`` as JSON
+        for a ``<script type="application/json">`` (whose text is never entity-decoded:
+        ``<``, ``>`` and ``&`` are escaped the JSON way instead)."""
+        text = self._pages.get(name)
+        if text is None:
+            text = self._pages[name] = (STATIC / name).read_text()
+        for key, value in values.items():
+            text = text.replace("{{" + key + "}}", html.escape(value))
+        for key, value in (data or {}).items():
+            blob = json.dumps(value)
+            for ch in "<>&":
+                blob = blob.replace(ch, f"\\u{ord(ch):04x}")
+            text = text.replace("{{" + key + "}}", blob)
+        headers = {
+            "Cache-Control": "no-store",
+            # nothing from elsewhere: scripts, styles and connections to ourselves only
+            "Content-Security-Policy": "default-src 'self'; media-src 'self' blob: mediastream:;"
+            " img-src 'self' data:; frame-ancestors 'none'",
+            "X-Content-Type-Options": "nosniff",
+        }
+        return web.Response(text=text, content_type="text/html", headers=headers)
+
+    async def _root(self, request: web.Request) -> web.Response:
+        raise web.HTTPFound("/console")
+
+    async def _talk_page(self, request: web.Request) -> web.Response:
+        profiles = [
+            {"key": key, "label": label, "agent": cfg.agent.name}
+            for key, (label, cfg) in talk_profiles(self.bridge.config).items()
+        ]
+        values = {"page_token": self.tokens.issue(), "node": self.bridge.telemetry.node}
+        return self._page("talk.html", values, {"profiles_json": profiles})
+
+    async def _console_page(self, request: web.Request) -> web.Response:
+        actions = "true" if self.bridge.config.http.operator_token else "false"
+        return self._page("console.html", {"node": self.bridge.telemetry.node,
+                                           "actions_enabled": actions})  # fmt: skip
+
+    async def _static(self, request: web.Request) -> web.StreamResponse:
+        name = request.match_info["name"]
+        path = STATIC / name
+        if "/" in name or name.startswith(".") or path.suffix not in _STATIC_TYPES:
+            raise web.HTTPNotFound()
+        if not path.is_file():
+            raise web.HTTPNotFound()
+        return web.FileResponse(path, headers={"Content-Type": _STATIC_TYPES[path.suffix],
+                                               "Cache-Control": "no-cache"})  # fmt: skip
+
+    # -- the browser leg -----------------------------------------------------------------------
+
+    async def _offer(self, request: web.Request) -> web.Response:
+        if not _same_origin(request):
+            return _error(403, "cross-origin request refused")
+        if not self.tokens.valid(_bearer(request)):
+            return _error(401, "no valid page token: reload the page")
+        http = self.bridge.config.http
+        live = sum(1 for s in self.sessions.values() if s.closed_reason is None)
+        if live >= http.max_sessions or self.bridge.draining:
+            return _error(503, f"busy: {live} browser sessions (http.max_sessions)")
+        if request.content_type != "application/sdp":
+            return _error(415, "send the SDP offer as application/sdp")
+        profiles = talk_profiles(self.bridge.config)
+        key = request.query.get("profile") or next(iter(profiles))
+        if key not in profiles:
+            return _error(404, f"no agent profile {key!r}; known: {', '.join(profiles)}")
+        offer = await request.text()
+        if "m=audio" not in offer:
+            return _error(400, "the offer has no audio")
+        _label, cfg = profiles[key]
+        loop = asyncio.get_running_loop()
+        try:  # a profile not loaded at start loads now (models are shared and warm)
+            agent = await loop.run_in_executor(None, self.bridge.agent_factory, cfg)
+        except Exception as exc:
+            log.warning("browser session: agent for profile %s: %s", key, exc)
+            return _error(500, f"agent for profile {key}: {exc}")
+        peer = request.remote or "browser"
+        call = CallInfo(call_id="", caller=f"browser {peer}", callee=key, codec="opus")
+        session = BrowserSession(
+            agent, call, ice=ice_hosts(self.host, http.ice_addresses), profile=key,
+            on_event=self._session_event, on_closed=self._session_closed,
+        )  # fmt: skip
+        self._agent_cfg[session.id] = cfg.agent
+        session.call = call = CallInfo(f"webrtc-{session.id}", call.caller, key, "opus")
+        facts = CallFacts(call.call_id, call.caller, key, None, f"webrtc:{key}", agent.name, peer)
+        self.sessions[session.id] = session
+        self._facts[session.id] = facts
+        self.bridge.telemetry.offered(facts)
+        try:
+            answer = await session.answer(offer)
+        except Exception as exc:  # a malformed or unusable offer: say so, keep nothing
+            await session.close(f"offer refused: {exc}")
+            return _error(400, f"offer refused: {exc}")
+        self.bridge.telemetry.answered(facts, "opus", peer, agent.name)
+        log.info("browser session %s: %s talks to profile %s (%s)", session.id, peer, key,
+                 agent.name)  # fmt: skip
+        return web.Response(
+            status=201, text=answer, content_type="application/sdp",
+            headers={"Location": f"/talk/sessions/{session.id}"},
+        )  # fmt: skip
+
+    def _session_event(self, session: BrowserSession, event: AgentEvent) -> None:
+        telemetry = self.bridge.telemetry
+        if isinstance(event, TurnCompleted):
+            telemetry.turn(session.call.call_id, event)
+        elif isinstance(event, ModelFault) and not session.faulted:
+            session.faulted = True  # as for a SIP call: the fallback prompt, then hang up
+            log.error("browser session %s: model fault in %s (%s): fallback prompt", session.id,
+                      event.stage, event.reason)  # fmt: skip
+            telemetry.model_fault(session.call.call_id, event.stage, event.reason, "hangup")
+            a = replace(self._agent_cfg[session.id], on_model_fault="hangup")  # no line to refer
+            task = asyncio.get_running_loop().create_task(take_over(session, a))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _session_closed(self, session: BrowserSession, reason: str) -> None:
+        facts = self._facts.pop(session.id, None)
+        self._agent_cfg.pop(session.id, None)
+        self.sessions.pop(session.id, None)
+        if facts is not None:
+            outcome = "answered" if facts.answered is not None else "failed"
+            self.bridge.telemetry.ended(facts, outcome, reason)
+
+    def _session(self, request: web.Request) -> BrowserSession:
+        session = self.sessions.get(request.match_info["sid"])
+        if session is None:
+            raise web.HTTPNotFound(text="no such session (ended?)")
+        return session
+
+    async def _end_session(self, request: web.Request) -> web.Response:
+        if not _same_origin(request) or not self.tokens.valid(_bearer(request)):
+            return _error(403, "not your session")
+        await self._session(request).close("hung up")
+        return web.Response(status=204)
+
+    async def _session_events(self, request: web.Request) -> web.StreamResponse:
+        """Server-sent events: the session's state and turns (the session id, unguessable
+        and known only to the page that started it, is the capability)."""
+        session = self._session(request)
+        past, queue = session.subscribe()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
+                                           "Cache-Control": "no-store"})  # fmt: skip
+        await resp.prepare(request)
+        try:
+            for ev in past:
+                await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
+            ended = session.closed_reason is not None
+            while not ended:
+                try:
+                    ev = await asyncio.wait_for(queue.get(), _SSE_PING_S)
+                except TimeoutError:
+                    await resp.write(b": ping\n\n")
+                    continue
+                await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
+                ended = ev.get("type") == "state" and ev.get("state") == "ended"
+        except (ConnectionResetError, asyncio.CancelledError):
+            pass
+        finally:
+            session.unsubscribe(queue)
+        return resp
+
+    # -- the console ---------------------------------------------------------------------------
+
+    async def _api_calls(self, request: web.Request) -> web.Response:
+        now = asyncio.get_running_loop().time()
+        calls = live_calls(self.bridge, list(self.sessions.values()), now)
+        return web.json_response({"node": self.bridge.telemetry.node, "calls": calls})
+
+    async def _api_history(self, request: web.Request) -> web.Response:
+        records = self.bridge.telemetry.records
+        if records is None:
+            return web.json_response({"calls": [], "note": "call records are off"})
+        try:
+            limit = max(1, min(500, int(request.query.get("limit", "50"))))
+        except ValueError:
+            return _error(400, "limit must be a number")
+        try:
+            rows = records.list(limit=limit)
+        except RecordsError as exc:
+            return _error(500, str(exc))
+        return web.json_response({"calls": rows})
+
+    async def _api_call(self, request: web.Request) -> web.Response:
+        records = self.bridge.telemetry.records
+        if records is None:
+            return _error(404, "call records are off")
+        try:
+            found = records.show(request.match_info["call_id"])
+        except RecordsError as exc:
+            return _error(500, str(exc))
+        if found is None:
+            return _error(404, "no such call in the records")
+        for t in found["turns"]:
+            timings = t.get("timings") or {}
+            t["total_ms"] = turn_total_ms(timings)
+        return web.json_response(found)
+
+    def _operator(self, request: web.Request) -> web.Response | None:
+        """None when the request may act; else the refusal."""
+        token = self.bridge.config.http.operator_token
+        if not _same_origin(request):
+            return _error(403, "cross-origin request refused")
+        if not token:
+            return _error(403, "the console is read-only: set [http] operator_token_env")
+        if not hmac.compare_digest(_bearer(request).encode(), token.encode()):
+            return _error(401, "wrong or missing operator token")
+        return None
+
+    async def _api_hangup(self, request: web.Request) -> web.Response:
+        refused = self._operator(request)
+        if refused is not None:
+            return refused
+        call_id = request.match_info["call_id"]
+        session = self._by_call_id(call_id)
+        if session is not None:
+            await session.close("operator hung up")
+            return web.json_response({"ok": True})
+        call = self.bridge.calls.get(call_id)
+        if call is None or call.ended:
+            return _error(404, f"no call {call_id} in progress here")
+        log.info("call %s: operator hung up (console)", call_id)
+        self.bridge._hangup(call_id, "operator hung up")
+        return web.json_response({"ok": True})
+
+    async def _api_transfer(self, request: web.Request) -> web.Response:
+        refused = self._operator(request)
+        if refused is not None:
+            return refused
+        call_id = request.match_info["call_id"]
+        try:
+            body: Any = await request.json()
+        except ValueError:
+            body = None
+        target = body.get("target") if isinstance(body, dict) else None
+        if not isinstance(target, str) or not target.strip() or len(target) > 256:
+            return _error(400, 'send {"target": "sip:..."}')
+        if self._by_call_id(call_id) is not None:
+            return _error(409, "a browser session has no phone line to transfer")
+        call = self.bridge.calls.get(call_id)
+        if call is None or call.ended or call.media is None or self.bridge.ua is None:
+            return _error(404, f"no answered call {call_id} here")
+        log.info("call %s: operator transfers to %s (console)", call_id, target)
+        now = asyncio.get_running_loop().time()
+        try:
+            self.bridge._handle(self.bridge.ua.transfer(call_id, target.strip(), now))
+        except ValueError as exc:
+            return _error(400, str(exc))
+        return web.json_response({"ok": True})
+
+    def _by_call_id(self, call_id: str) -> BrowserSession | None:
+        if call_id.startswith("webrtc-"):
+            return self.sessions.get(call_id.removeprefix("webrtc-"))
+        return None
