@@ -9,9 +9,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # Debian packages the build and the tests need (checked one by one with dpkg).
 # gcc and python3-dev compile the media path (mypyc); without them it runs as Python.
 # kamailio and mosquitto are test peers: their system services are disabled after install
-# (Debian starts kamailio on port 5060, the bridge's).
+# (Debian starts kamailio on port 5060, the bridge's). chromium and chromium-driver run the
+# browser tests of the talk page and the console (headless, kept off the network).
 APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox \
-	mosquitto kamailio
+	mosquitto kamailio chromium chromium-driver
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
