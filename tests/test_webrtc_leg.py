@@ -17,7 +17,14 @@ from typing import Any
 import aiohttp
 import av
 import numpy as np
-from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
+import pytest
+from aiortc import (
+    MediaStreamTrack,
+    RTCConfiguration,
+    RTCPeerConnection,
+    RTCRtpSender,
+    RTCSessionDescription,
+)
 from numpy.typing import NDArray
 from peers.support import bridge_config, dominant_hz
 
@@ -69,6 +76,7 @@ class Browser:
         self.base, self.http = base, http
         self.pc = RTCPeerConnection(RTCConfiguration(iceServers=[]))
         self.heard: list[NDArray[np.int16]] = []
+        self.rate = RATE
         self.session_url = ""
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -82,8 +90,14 @@ class Browser:
         assert token and profiles, text[:500]
         return token.group(1), json.loads(profiles.group(1))
 
-    async def offer(self, token: str, profile: str = "", **headers: str) -> aiohttp.ClientResponse:
+    async def offer(
+        self, token: str, profile: str = "", codec: str = "", **headers: str
+    ) -> aiohttp.ClientResponse:
         self.pc.addTrack(ToneTrack(1000.0))
+        if codec:  # offer only this one (a browser may prefer PCMU over Opus)
+            caps = RTCRtpSender.getCapabilities("audio").codecs
+            [t] = self.pc.getTransceivers()
+            t.setCodecPreferences([c for c in caps if c.mimeType == f"audio/{codec}"])
 
         @self.pc.on("track")
         def on_track(track: MediaStreamTrack) -> None:
@@ -108,6 +122,7 @@ class Browser:
             ch = len(frame.layout.channels)
             mono = data.reshape(-1, ch).mean(axis=1) if ch > 1 else data
             self.heard.append(np.asarray(mono, np.int16))
+            self.rate = frame.sample_rate  # 48 kHz for Opus, 8 kHz for PCMU
 
     async def close(self) -> None:
         for t in self._tasks:
@@ -150,24 +165,29 @@ def _url(server: BridgeServer) -> str:
     return server.web.url
 
 
-def test_a_browser_talks_to_the_agent_and_hears_it() -> None:
-    asyncio.run(asyncio.wait_for(_talk(), 30))
+@pytest.mark.parametrize("codec", ["opus", "PCMU"])
+def test_a_browser_talks_to_the_agent_and_hears_it(codec: str) -> None:
+    asyncio.run(asyncio.wait_for(_talk(codec), 30))
 
 
-async def _talk() -> None:
+async def _talk(codec: str) -> None:
     async with running() as bridge, aiohttp.ClientSession() as http:
         b = Browser(_url(bridge), http)
         token, profiles = await b.page()
         assert profiles[0]["agent"] == "echo"
-        r = await b.offer(token)
+        r = await b.offer(token, codec=codec)
         assert r.status == 201, await r.text()
         answer = b.pc.remoteDescription.sdp
+        [m_line] = [ln for ln in answer.splitlines() if ln.startswith("m=audio")]
+        rtpmap = [ln for ln in answer.splitlines() if ln.startswith("a=rtpmap:")]
+        assert codec.lower() in rtpmap[0].lower(), (m_line, rtpmap)
         # host candidates on loopback only: no STUN (srflx), no other address
         cands = [ln for ln in answer.splitlines() if ln.startswith("a=candidate:")]
         assert cands and all(c.split()[4] == "127.0.0.1" and " typ host" in c for c in cands)
         deadline = asyncio.get_running_loop().time() + 10
         while (
-            sum(x.size for x in b.heard) < 3 * RATE and asyncio.get_running_loop().time() < deadline
+            sum(x.size for x in b.heard) < 3 * b.rate
+            and asyncio.get_running_loop().time() < deadline
         ):
             await asyncio.sleep(0.1)
         async with http.get(f"{_url(bridge)}/api/calls") as resp:
@@ -179,9 +199,9 @@ async def _talk() -> None:
         async with http.get(f"{_url(bridge)}/api/calls") as resp:
             assert (await resp.json())["calls"] == []
     heard = np.concatenate(b.heard).astype(np.float64) / 32768
-    tail = heard[-RATE:]  # the last second: the echo of a steady tone
+    tail = heard[-b.rate :]  # the last second: the echo of a steady tone
     assert np.sqrt(np.mean(tail**2)) > 0.05, "the browser heard nothing back"
-    assert abs(dominant_hz(tail, RATE) - 1000) < 15
+    assert abs(dominant_hz(tail, b.rate) - 1000) < 15
 
 
 def test_offers_without_the_page_token_or_from_another_origin_are_refused() -> None:
