@@ -291,3 +291,22 @@ async def _fault() -> None:
     frames = heard[: heard.size // 960 * 960].reshape(-1, 960)
     spoken = np.sqrt((frames**2).mean(axis=1)) > 0.02
     assert spoken.sum() > 50, "the browser did not hear the fallback prompt (1 s or more)"
+
+
+def test_the_level_of_each_sent_frame_is_rfc_6465s_without_a_python_loop() -> None:
+    import aiortc.rtp
+
+    from sip_bridge.webrtc_leg import _audio_level_dbov
+
+    assert aiortc.rtp.compute_audio_level_dbov is _audio_level_dbov  # the sender calls this
+
+    def frame(pcm: NDArray[np.int16]) -> av.AudioFrame:
+        f = av.AudioFrame.from_ndarray(pcm.reshape(1, -1), format="s16", layout="mono")
+        f.sample_rate = RATE
+        return f
+
+    full = np.where(np.arange(960) % 2 == 0, 32767, -32767).astype(np.int16)
+    assert _audio_level_dbov(frame(full)) == 0
+    assert _audio_level_dbov(frame(np.zeros(960, np.int16))) == -127
+    assert _audio_level_dbov(frame((full // 10).astype(np.int16))) == -20  # 20 dB down
+    assert _audio_level_dbov(frame(np.ones(960, np.int16))) == -90  # 20*log10(1/32767)
