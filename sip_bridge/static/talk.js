@@ -11,6 +11,11 @@
   const statusEl = $("status");
   const transcript = $("transcript");
   const audioEl = $("agent-audio");
+  const headsetBox = $("headset");
+  const HEADSET_KEY = "sip-bridge.headset";
+  headsetBox.checked = localStorage.getItem(HEADSET_KEY) === "1";
+  headsetBox.addEventListener("change", () =>
+    localStorage.setItem(HEADSET_KEY, headsetBox.checked ? "1" : "0"));
 
   const pageToken = (document.querySelector('meta[name="page-token"]') || {}).content || "";
   const ICE_GATHER_LIMIT_MS = 3000;
@@ -134,6 +139,7 @@
     audioEl.srcObject = null;
     startBtn.disabled = false;
     profileSel.disabled = false;
+    headsetBox.disabled = false;
     stopBtn.disabled = true;
     if (statusText) setStatus(statusText, isError);
   }
@@ -167,6 +173,7 @@
     const stale = () => my !== attempt;
     startBtn.disabled = true;
     profileSel.disabled = true;
+    headsetBox.disabled = true;
     stopBtn.disabled = true;
     transcript.replaceChildren();
     talk.turns = [];
@@ -175,8 +182,13 @@
     setStatus("connecting");
 
     try {
+      // Speakers: the browser's echo canceller keeps the agent from hearing itself, but it
+      // also swallows the caller's first words while the agent talks (double talk) and
+      // noise suppression smears speech; a headset needs none of it, and the agent hears
+      // the caller clean.
+      const clean = headsetBox.checked;
       mic = await navigator.mediaDevices.getUserMedia({
-        audio: { echoCancellation: true, noiseSuppression: true, autoGainControl: true },
+        audio: { echoCancellation: !clean, noiseSuppression: !clean, autoGainControl: !clean },
         video: false,
       });
     } catch (e) {
