@@ -363,3 +363,28 @@ def _check_port_range(v: str, path: str, line: int | None, key: str) -> None:
 def _check_choice(v: str, allowed: tuple[str, ...], path: str, line: int | None, key: str) -> None:
     if v not in allowed:
         raise ConfigError(path, line, key, f"{v!r} is not one of {', '.join(allowed)}")
+
+
+def _line_of(text: str, section: str, key: str | None) -> int | None:
+    """Line number of `key` inside `[section]` (or of the section header), for messages."""
+    current = ""
+    section_line = None
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        header = re.fullmatch(r"\[\s*([^\]]+?)\s*\]", line)
+        if header:
+            current = header.group(1).replace(" ", "")
+            if current == section:
+                section_line = n
+            continue
+        if key is not None and current == section and re.match(rf"{re.escape(key)}\s*=", line):
+            return n
+    return section_line
+
+
+def _choice(value: str, allowed: tuple[str, ...], text: str, p: str, key: str) -> None:
+    """:func:`_check_choice` for ``section.key`` of ``text``; the line (a scan of the whole
+    text) is looked up only when there is an error to report."""
+    if value not in allowed:
+        section, _, name = key.rpartition(".")
+        _check_choice(value, allowed, p, _line_of(text, section, name), key)
