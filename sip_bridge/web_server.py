@@ -6,7 +6,8 @@ Trust model, because this page can start agent sessions and end calls:
 - A talk page carries a page token (random, valid ``token_ttl_s``) that only a page served
   by us can read (same-origin policy); starting a session needs it in an ``Authorization``
   header, which a page of another origin cannot send without a CORS preflight we never
-  answer. Requests whose ``Origin`` is not our own are refused as well.
+  answer. Requests whose ``Origin`` is not our own are refused as well. A token starts one
+  session; the answer carries the next (``X-Next-Token``).
 - The console reads without a token (it listens on loopback by default); its actions need
   the operator token from ``[http] operator_token_env``/``operator_token_file``. Without
   one configured the console is read-only.
@@ -73,6 +74,11 @@ class PageTokens:
     def valid(self, token: str) -> bool:
         self._prune()
         return token in self._tokens
+
+    def spend(self, token: str) -> str:
+        """``token`` has started its session: it is void, and the page gets the next."""
+        self._tokens.pop(token, None)
+        return self.issue()
 
     def _prune(self) -> None:
         now = self._clock()
@@ -223,7 +229,8 @@ class WebServer:
     async def _offer(self, request: web.Request) -> web.Response:
         if not _same_origin(request):
             return _error(403, "cross-origin request refused")
-        if not self.tokens.valid(_bearer(request)):
+        token = _bearer(request)
+        if not self.tokens.valid(token):
             return _error(401, "no valid page token: reload the page")
         http = self.bridge.config.http
         live = sum(1 for s in self.sessions.values() if s.closed_reason is None)
@@ -265,10 +272,10 @@ class WebServer:
         self.bridge.telemetry.answered(facts, "opus", peer, agent.name)
         log.info("browser session %s: %s talks to profile %s (%s)", session.id, peer, key,
                  agent.name)  # fmt: skip
-        return web.Response(
-            status=201, text=answer, content_type="application/sdp",
-            headers={"Location": f"/talk/sessions/{session.id}"},
-        )  # fmt: skip
+        headers = {"Location": f"/talk/sessions/{session.id}",
+                   "X-Next-Token": self.tokens.spend(token)}  # fmt: skip
+        return web.Response(status=201, text=answer, content_type="application/sdp",
+                            headers=headers)  # fmt: skip
 
     def _session_event(self, session: BrowserSession, event: AgentEvent) -> None:
         telemetry = self.bridge.telemetry

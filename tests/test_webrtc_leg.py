@@ -198,6 +198,13 @@ async def _talk(codec: str) -> None:
         await b.close()
         async with http.get(f"{_url(bridge)}/api/calls") as resp:
             assert (await resp.json())["calls"] == []
+        # a token starts one session; the answer gave the page the next one
+        again = Browser(_url(bridge), http)
+        assert (await again.offer(token)).status == 401
+        again = Browser(_url(bridge), http)
+        r2 = await again.offer(r.headers["X-Next-Token"])
+        assert r2.status == 201
+        await again.close()
     heard = np.concatenate(b.heard).astype(np.float64) / 32768
     tail = heard[-b.rate :]  # the last second: the echo of a steady tone
     assert np.sqrt(np.mean(tail**2)) > 0.05, "the browser heard nothing back"

@@ -17,7 +17,8 @@
   headsetBox.addEventListener("change", () =>
     localStorage.setItem(HEADSET_KEY, headsetBox.checked ? "1" : "0"));
 
-  const pageToken = (document.querySelector('meta[name="page-token"]') || {}).content || "";
+  // One token per session: each accepted offer hands back the token for the next one.
+  let pageToken = (document.querySelector('meta[name="page-token"]') || {}).content || "";
   const ICE_GATHER_LIMIT_MS = 3000;
   const STAGE_ORDER = ["end_of_turn", "asr_tail", "dialogue", "tts_first_audio"];
 
@@ -230,6 +231,7 @@
         body: pc.localDescription.sdp,
       });
       body = await resp.text();
+      pageToken = resp.headers.get("X-Next-Token") || pageToken;
     } catch (e) {
       if (!stale()) teardown("error: " + (e && e.message || e), true);
       return;
