@@ -30,6 +30,7 @@ import pytest
 from numpy.typing import NDArray
 from peers.chromium import chromium, start_recording, stop_recording
 from peers.support import free_udp_port
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webelement import WebElement
@@ -164,6 +165,12 @@ def test_a_browser_asks_the_demo_agent_and_hears_the_answer(bridge: Bridge) -> N
         heard = stop_recording(driver)
         driver.find_element(By.ID, "stop").click()
         _wait(driver, "ended", lambda d: d.find_element(By.ID, "status").text.startswith("ended"))
+        # a second session from the same page: the first answer handed it the next token
+        driver.find_element(By.ID, "start").click()
+        _wait(
+            driver, "connected again", lambda d: d.find_element(By.ID, "status").text == "connected"
+        )
+        driver.find_element(By.ID, "stop").click()
     assert "opening hours" in caller, caller
     assert re.fullmatch(r"\d+ ms", latency), latency
     (bridge.out / "heard.webm").write_bytes(heard)
@@ -220,18 +227,22 @@ def test_the_console_shows_a_sip_call_live_hangs_it_up_and_charts_it_after(
             assert phone.wait(timeout=15) == 0
             _wait(driver, "the call gone from the live list", lambda d: not d.find_elements(
                 By.CSS_SELECTOR, f'#live tr[data-call-id="{call_id}"]'))  # fmt: skip
-            past = _wait(
-                driver,
-                "the call in the history",
-                lambda d: next(
-                    iter(
-                        d.find_elements(By.CSS_SELECTOR, f'#history tr[data-call-id="{call_id}"]')
-                    ),
-                    None,
-                ),
-            )
-            assert isinstance(past, WebElement) and "answered" in past.text
-            past.click()
+
+            def open_past(d: Chrome) -> bool:
+                """Click the call's history row once it says answered (the table refreshes
+                every 5 s: a row found a moment ago may be gone by the click)."""
+                try:
+                    for r in d.find_elements(
+                        By.CSS_SELECTOR, f'#history tr[data-call-id="{call_id}"]'
+                    ):
+                        if "answered" in r.text:
+                            r.click()
+                            return True
+                except StaleElementReferenceException:
+                    pass
+                return False
+
+            _wait(driver, "the call answered in the history, opened", open_past)
             chart = _wait(driver, "the latency chart", lambda d: next(iter(
                 d.find_elements(By.CSS_SELECTOR, "#latency-chart svg")), None))  # fmt: skip
             assert isinstance(chart, WebElement)
