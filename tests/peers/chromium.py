@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,10 +39,6 @@ _OFF_THE_NETWORK = [
     "--use-fake-device-for-media-stream",
     "--window-size=1280,900",
 ]
-
-
-def available() -> bool:
-    return shutil.which(CHROMIUM) is not None and shutil.which(CHROMEDRIVER) is not None
 
 
 @contextmanager
