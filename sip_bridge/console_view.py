@@ -102,7 +102,7 @@ def live_calls(
     for s in sessions:
         if s.closed_reason is not None:
             continue
-        turns = _turns(s.last_turns(5))
+        turns = _turns(recent.get(s.call.call_id, ()))
         out.append({
             "call_id": s.call.call_id, "leg": "webrtc", "caller": s.call.caller,
             "callee": s.profile, "trunk": None, "route": f"webrtc:{s.profile}",

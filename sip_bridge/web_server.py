@@ -26,21 +26,22 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from agent.base import AgentEvent, CallInfo, ModelFault, TurnCompleted
+from agent.base import AgentEvent, ModelFault, TurnCompleted
 from sip_bridge.agents import take_over
+from sip_bridge.call_events import Command, Hangup, Transfer
 from sip_bridge.call_telemetry import CallFacts
-from sip_bridge.config_types import parse_hostport
+from sip_bridge.config_types import AgentConfig, parse_hostport
 from sip_bridge.console_view import live_calls, talk_profiles, turn_total_ms
+from sip_bridge.operator_view import apply_command
 from sip_bridge.records import RecordsError
 from sip_bridge.webrtc_leg import BrowserSession, ice_hosts
 
 if TYPE_CHECKING:
-    from sip_bridge.config_types import AgentConfig
     from sip_bridge.server import BridgeServer
 
 __all__ = ["PageTokens", "WebServer"]
@@ -112,6 +113,11 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": message}, status=status)
 
 
+class _Leg(NamedTuple):
+    facts: CallFacts  # what the call records and events say of the session
+    agent: AgentConfig  # its [agent]: the fallback prompt after a model fault
+
+
 class WebServer:
     """Serves the pages and APIs on ``[http] listen`` for one :class:`BridgeServer`."""
 
@@ -121,9 +127,8 @@ class WebServer:
         self.host, self.port = parse_hostport(cfg.listen)
         self.tokens = PageTokens(cfg.token_ttl_s)
         self.sessions: dict[str, BrowserSession] = {}
-        self._facts: dict[str, CallFacts] = {}  # per session: what telemetry reports
+        self._legs: dict[str, _Leg] = {}  # per session: what telemetry and faults need
         self._tasks: set[asyncio.Task[None]] = set()
-        self._agent_cfg: dict[str, AgentConfig] = {}  # per session: its [agent] (faults)
         self._runner: web.AppRunner | None = None
         self._pages: dict[str, str] = {}
         app = web.Application(client_max_size=_MAX_OFFER)
@@ -253,16 +258,14 @@ class WebServer:
             log.warning("browser session: agent for profile %s: %s", key, exc)
             return _error(500, f"agent for profile {key}: {exc}")
         peer = request.remote or "browser"
-        call = CallInfo(call_id="", caller=f"browser {peer}", callee=key, codec="opus")
         session = BrowserSession(
-            agent, call, ice=ice_hosts(self.host, http.ice_addresses), profile=key,
+            agent, f"browser {peer}", ice=ice_hosts(self.host, http.ice_addresses), profile=key,
             on_event=self._session_event, on_closed=self._session_closed,
         )  # fmt: skip
-        self._agent_cfg[session.id] = cfg.agent
-        session.call = call = CallInfo(f"webrtc-{session.id}", call.caller, key, "opus")
+        call = session.call
         facts = CallFacts(call.call_id, call.caller, key, None, f"webrtc:{key}", agent.name, peer)
         self.sessions[session.id] = session
-        self._facts[session.id] = facts
+        self._legs[session.id] = _Leg(facts, cfg.agent)
         self.bridge.telemetry.offered(facts)
         try:
             answer = await session.answer(offer, max_s=cfg.sip.max_call_s)
@@ -286,18 +289,17 @@ class WebServer:
             log.error("browser session %s: model fault in %s (%s): fallback prompt", session.id,
                       event.stage, event.reason)  # fmt: skip
             telemetry.model_fault(session.call.call_id, event.stage, event.reason, "hangup")
-            a = replace(self._agent_cfg[session.id], on_model_fault="hangup")  # no line to refer
+            a = replace(self._legs[session.id].agent, on_model_fault="hangup")  # no line to refer
             task = asyncio.get_running_loop().create_task(take_over(session, a))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
     def _session_closed(self, session: BrowserSession, reason: str) -> None:
-        facts = self._facts.pop(session.id, None)
-        self._agent_cfg.pop(session.id, None)
+        leg = self._legs.pop(session.id, None)
         self.sessions.pop(session.id, None)
-        if facts is not None:
-            outcome = "answered" if facts.answered is not None else "failed"
-            self.bridge.telemetry.ended(facts, outcome, reason)
+        if leg is not None:
+            outcome = "answered" if leg.facts.answered is not None else "failed"
+            self.bridge.telemetry.ended(leg.facts, outcome, reason)
 
     def _session(self, request: web.Request) -> BrowserSession:
         session = self.sessions.get(request.match_info["sid"])
@@ -396,12 +398,7 @@ class WebServer:
         if session is not None:
             await session.close("operator hung up")
             return web.json_response({"ok": True})
-        call = self.bridge.calls.get(call_id)
-        if call is None or call.ended:
-            return _error(404, f"no call {call_id} in progress here")
-        log.info("call %s: operator hung up (console)", call_id)
-        self.bridge._hangup(call_id, "operator hung up")
-        return web.json_response({"ok": True})
+        return self._command(Hangup(call_id))
 
     async def _api_transfer(self, request: web.Request) -> web.Response:
         refused = self._operator(request)
@@ -418,14 +415,16 @@ class WebServer:
         if self._by_call_id(call_id) is not None:
             return _error(409, "a browser session has no phone line to transfer")
         call = self.bridge.calls.get(call_id)
-        if call is None or call.ended or call.media is None or self.bridge.ua is None:
+        if call is None or call.media is None:
             return _error(404, f"no answered call {call_id} here")
-        log.info("call %s: operator transfers to %s (console)", call_id, target)
-        now = asyncio.get_running_loop().time()
+        return self._command(Transfer(call_id, target.strip()))
+
+    def _command(self, command: Command) -> web.Response:
+        """A SIP call's hang-up or transfer: the MQTT commands' path (logged there)."""
         try:
-            self.bridge._handle(self.bridge.ua.transfer(call_id, target.strip(), now))
-        except ValueError as exc:
-            return _error(400, str(exc))
+            apply_command(self.bridge, command.call_id, command)
+        except ValueError as exc:  # no such call in progress
+            return _error(404, str(exc))
         return web.json_response({"ok": True})
 
     def _by_call_id(self, call_id: str) -> BrowserSession | None:

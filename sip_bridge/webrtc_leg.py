@@ -47,6 +47,7 @@ from agent.base import (
     TurnCompleted,
 )
 from resample import Resampler
+from sip_bridge.console_view import turn_total_ms
 
 __all__ = [
     "AgentTrack",
@@ -206,7 +207,6 @@ class BrowserOutput(AgentOutput):
         self._session = session
         self._to_48k = Resampler(agent_rate, RATE) if agent_rate != RATE else None
         self._queue = _Samples()  # at 48 kHz
-        self.played_samples = 0
 
     def write(self, pcm: NDArray[np.int16]) -> None:
         out = self._to_48k.process(pcm) if self._to_48k is not None else pcm
@@ -227,7 +227,6 @@ class BrowserOutput(AgentOutput):
 
     def next_frame(self) -> NDArray[np.int16]:
         """20 ms at 48 kHz: what is queued, padded with silence."""
-        self.played_samples += min(_FRAME, self._queue.size)
         return self._queue.take(_FRAME)
 
 
@@ -278,7 +277,7 @@ class BrowserSession:
     def __init__(
         self,
         agent: Agent,
-        call: CallInfo,
+        caller: str,
         *,
         ice: tuple[str, ...] | None,
         profile: str,
@@ -287,7 +286,7 @@ class BrowserSession:
     ) -> None:
         self.id = secrets.token_hex(12)
         self.agent = agent
-        self.call = call
+        self.call = CallInfo(f"webrtc-{self.id}", caller, profile, "opus")
         self.profile = profile
         self.ice = ice
         self.output = BrowserOutput(self, agent.sample_rate)
@@ -296,21 +295,17 @@ class BrowserSession:
         self.state = "connecting"
         self.faulted = False  # a model fault: the fallback prompt took the agent's place
         self.closed_reason: str | None = None
-        self.turns: list[TurnCompleted] = []
         self.events: list[dict[str, Any]] = []  # what the page's event stream replays
         self._subscribers: set[asyncio.Queue[dict[str, Any]]] = set()
         self._inbound = _Samples()  # the caller, at the agent's rate
         self._in_frame = agent.sample_rate * 20 // 1000
         self._primed = False  # a spare frame was buffered since the last underrun
-        self.underruns = 0
         self._from: dict[int, Resampler] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._on_event = on_event
         self._on_closed = on_closed
         self.started_at = asyncio.get_running_loop().time()
         self.connected_at: float | None = None
-        self.frames_in = 0
-        self.frames_out = 0
 
     async def answer(
         self, offer_sdp: str, connect_timeout_s: float = 15.0, max_s: float = 0.0
@@ -374,7 +369,6 @@ class BrowserSession:
                 if r is None:
                     r = self._from[frame.sample_rate] = Resampler(frame.sample_rate, rate)
                 pcm = r.process(pcm)
-            self.frames_in += 1
             self._inbound.push(pcm)
             if self._inbound.size > limit:  # the agent's clock fell behind: keep the newest
                 self._inbound.keep_newest(int(_KEEP_AFTER_STALL_S * rate))
@@ -386,9 +380,7 @@ class BrowserSession:
         frame is a moment late."""
         n = self._in_frame
         if self._inbound.size < (n if self._primed else 2 * n):
-            if self._primed:
-                self._primed = False
-                self.underruns += 1
+            self._primed = False
             return np.zeros(n, np.int16)  # nothing (enough) arrived: silence, as on SIP
         self._primed = True
         return self._inbound.take(n)
@@ -397,7 +389,6 @@ class BrowserSession:
         """20 ms of the caller into the agent (called by :class:`AgentTrack`)."""
         if self.closed_reason is not None:
             return
-        self.frames_out += 1
         try:
             self.agent.on_audio(self._take_frame())
         except Exception:  # one broken agent ends its own session, never the server
@@ -406,12 +397,10 @@ class BrowserSession:
 
     def agent_event(self, event: AgentEvent) -> None:
         if isinstance(event, TurnCompleted):
-            self.turns.append(event)
-            total = event.stages_ms.get("total", sum(event.stages_ms.values()))
             self.publish({
                 "type": "turn", "caller": event.caller_text, "agent": event.agent_text,
                 "stages_ms": {k: round(v, 1) for k, v in event.stages_ms.items()},
-                "total_ms": round(total, 1), "barged_in": event.barged_in,
+                "total_ms": turn_total_ms(event.stages_ms), "barged_in": event.barged_in,
             })  # fmt: skip
         elif isinstance(event, HangupEvent):
             self._spawn(self.close(event.reason or "agent hung up"))
@@ -465,6 +454,3 @@ class BrowserSession:
 
     def duration_s(self, now: float) -> float:
         return now - (self.connected_at or self.started_at)
-
-    def last_turns(self, n: int = 3) -> Iterator[TurnCompleted]:
-        return iter(self.turns[-n:])
