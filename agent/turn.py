@@ -13,7 +13,7 @@ import logging
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -27,13 +27,29 @@ log = logging.getLogger(__name__)
 
 _MODEL = "smart-turn-v3.2"
 _FILE = "smart-turn-v3.2-cpu.onnx"
+_UNSIGNED_FILE = "smart-turn-v3.2-cpu-u8.onnx"  # model_runtime.unsigned_weights
+#: Largest difference between the two graphs on the probe that still counts as the same
+#: (exact kernels agree to float rounding; a saturating one was 0.035 off on it).
+_SAME = 1e-5
 
 
-def _default_path() -> Path:
+def _default_path(file: str) -> Path:
     """The store's verified copy (imported here so that passing a path needs no store)."""
     from model_runtime.store import default_store
 
-    return default_store().path(_MODEL, _FILE)
+    return default_store().path(_MODEL, file)
+
+
+def _probe() -> NDArray[np.float32]:
+    """2.5 s of a vowel-like buzz (harmonics of a gliding 110 Hz pitch, 4 syllables a
+    second) and a little noise, at the end of an 8 s window: speech-like enough to drive
+    every layer's integer products into the range where a saturating kernel goes wrong."""
+    t = np.arange(int(2.5 * SmartTurn.sample_rate)) / SmartTurn.sample_rate
+    phase = 2 * np.pi * np.cumsum(110 + 30 * np.sin(2 * np.pi * 0.7 * t)) / SmartTurn.sample_rate
+    buzz = sum(np.sin(k * phase) / k for k in range(1, 30))
+    envelope = 0.5 * (1 - np.cos(2 * np.pi * 4 * t))
+    noise = np.random.default_rng(7).standard_normal(t.size)
+    return (0.2 * buzz * envelope + 0.01 * noise).astype(np.float32)
 
 
 class SmartTurn:
@@ -41,23 +57,49 @@ class SmartTurn:
 
     Shorter audio is zero-padded at the start (as in training); longer audio keeps its end.
     The ONNX graph ends in a sigmoid, so its output is already a probability.
+
+    The same score on every CPU: the shipped int8 graph is exact only where ONNX Runtime
+    has VNNI or AMX kernels for it; elsewhere its products saturate (see
+    :mod:`model_runtime.unsigned_weights`). Both graphs score a probe when the model loads;
+    the shipped one is kept only if it agrees with the always-exact uint8-weight graph.
+    :attr:`kernel` says which runs.
     """
 
     sample_rate = 16000
     window_samples = 8 * 16000
     n_frames = window_samples // HOP
 
-    def __init__(self, path: Path | None = None, *, threads: int = 1) -> None:
-        self.path = Path(path) if path is not None else _default_path()
-        if not self.path.is_file():
-            raise FileNotFoundError(f"smart-turn model not found: {self.path}")
+    def __init__(
+        self, path: Path | None = None, *, unsigned: Path | None = None, threads: int = 1
+    ) -> None:
+        """``path``: the shipped graph; ``unsigned``: its uint8-weight twin (default: the
+        store's, or ``<stem>-u8.onnx`` beside ``path``)."""
+        if path is None:
+            self.path = _default_path(_FILE)
+            unsigned = unsigned if unsigned is not None else _default_path(_UNSIGNED_FILE)
+        else:
+            self.path = Path(path)
+            unsigned = Path(unsigned or self.path.with_name(self.path.stem + "-u8.onnx"))
+        for p in (self.path, unsigned):
+            if not p.is_file():
+                raise FileNotFoundError(f"smart-turn model not found: {p}")
         # CPU only: the store ships smart-turn's CPU export (the "-cpu" graph).
-        self._session = create_session(self.path, name=_MODEL, device="cpu", threads=threads)
-        inputs = self._session.get_inputs()
+        shipped = create_session(self.path, name=_MODEL, device="cpu", threads=threads)
+        inputs = shipped.get_inputs()
         if len(inputs) != 1 or list(inputs[0].shape[1:]) != [80, self.n_frames]:
             got = [(i.name, i.shape) for i in inputs]
             raise ValueError(f"{self.path}: expected one (batch, 80, 800) input, got {got}")
         self._input = inputs[0].name
+        exact = create_session(unsigned, name=_MODEL, device="cpu", threads=threads)
+        probe = self.features(_probe())[None]
+        self._session = shipped
+        fast, sure = self._run(probe), self._run(probe, exact)
+        if abs(fast - sure) <= _SAME:
+            self.kernel = "int8 weights (exact on this CPU)"
+        else:
+            self._session, self.path = exact, unsigned
+            self.kernel = "uint8 weights (this CPU's int8 kernels saturate)"
+        log.info("smart-turn: %s; probe %.6f vs exact %.6f", self.kernel, fast, sure)
 
     def features(self, pcm16k: NDArray[np.int16] | NDArray[np.float32]) -> NDArray[np.float32]:
         """The (80, 800) log-mel input for this audio (int16, or float in [-1, 1])."""
@@ -70,11 +112,13 @@ class SmartTurn:
             xf = np.concatenate([np.zeros(self.window_samples - xf.size, np.float32), xf])
         return log_mel(xf, self.n_frames)
 
+    def _run(self, feats: NDArray[np.float32], session: Any = None) -> float:
+        (out,) = (session or self._session).run(None, {self._input: feats})
+        return float(np.asarray(out).reshape(-1)[0])
+
     def probability(self, pcm16k: NDArray[np.int16] | NDArray[np.float32]) -> float:
         """P(the speaker has finished) for audio that ends now."""
-        feats = self.features(pcm16k)[None]
-        (out,) = self._session.run(None, {self._input: feats})
-        return float(np.asarray(out).reshape(-1)[0])
+        return self._run(self.features(pcm16k)[None])
 
 
 @dataclass(frozen=True, slots=True)

@@ -179,6 +179,15 @@ MODELS: tuple[ModelSpec, ...] = (
                         sha256="2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
                         size=8679182,
                     ),
+                    # the same graph with uint8 weights: exact on CPUs without VNNI
+                    # (model_runtime.unsigned_weights)
+                    ModelFile(
+                        member="pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx",
+                        name="smart-turn-v3.2-cpu-u8.onnx",
+                        sha256="2bb026316b14a660486a75b1733cd3fbab8c2fd0314dc9af7be49f8cca967e4f",
+                        size=8679182,
+                        converter="int8_weights_to_uint8",
+                    ),
                 ),
             ),
         ),

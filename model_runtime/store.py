@@ -91,6 +91,10 @@ def _builtin_converter(name: str) -> Converter | None:
         from model_runtime.ort_convert import ort_to_onnx
 
         return ort_to_onnx
+    if name == "int8_weights_to_uint8":
+        from model_runtime.unsigned_weights import int8_weights_to_uint8
+
+        return int8_weights_to_uint8
     return None
 
 
