@@ -11,8 +11,11 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # kamailio and mosquitto are test peers: their system services are disabled after install
 # (Debian starts kamailio on port 5060, the bridge's). chromium and chromium-driver run the
 # browser tests of the talk page and the console (headless, kept off the network).
+# qemu-user runs the model tests on the AVX2 kernel path whatever this CPU is (the
+# models' int8/float kernels differ by CPU); asterisk-core-sounds-en-wav is human
+# telephone speech (a woman's prompts, 8 kHz) for the end-of-turn tests.
 APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox \
-	mosquitto kamailio chromium chromium-driver
+	mosquitto kamailio chromium chromium-driver qemu-user asterisk-core-sounds-en-wav
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
@@ -21,7 +24,7 @@ PYTEST_ARGS ?=
 GPU ?=
 ORT_GPU := onnxruntime-gpu==1.31.1
 
-.PHONY: setup apt venv native models run test lint typecheck bench clean
+.PHONY: setup apt venv native models run test test-avx2 lint typecheck bench clean
 
 setup: apt venv native models
 
@@ -79,6 +82,14 @@ typecheck: setup
 
 test: setup lint typecheck
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The model tests on the AVX2 kernels (qemu's Haswell: no AVX-512, no VNNI), whatever this
+# CPU has; slow (tens of minutes): emulation runs a smart-turn inference in ~25 s.
+MODEL_TESTS ?= tests/test_turn.py tests/test_turn_decisions.py tests/test_unsigned_weights.py \
+	tests/test_vad.py tests/test_asr.py tests/test_tts.py
+test-avx2: setup
+	OMP_NUM_THREADS=1 qemu-x86_64 -cpu Haswell $(PY) -m pytest -p no:cacheprovider \
+	  -o timeout=3600 $(PYTEST_ARGS) $(MODEL_TESTS) 2> >(grep -v "TCG doesn't support" >&2)
 
 bench: setup
 	$(PY) bench/media_core.py
