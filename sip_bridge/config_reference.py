@@ -115,6 +115,10 @@ MEANINGS: dict[str, str] = {
     "mqtt.password_env": "environment variable holding the password",
     "mqtt.spool_dir": "events wait here while the broker is away",
     "mqtt.keepalive_s": "MQTT keepalive, 5..3600 s",
+    "log.format": '`"text"` (lines for a person) or `"json"` (one object per line, with'
+    " `call_id` on every line about a call)",
+    "log.level": '`"debug"`, `"info"`, `"warning"` or `"error"`; `sip-bridge run -v`: at least'
+    " info",
     "trunks.name": "required, unique: logs, status, records, routes",
     "trunks.registrar": "`host[:port]` or URI to register at; empty: no registration",
     "trunks.username": "user part of our address-of-record (often the DID)",
@@ -156,7 +160,8 @@ _CLASS: dict[str, type] = {
     "agent.voice": VoiceSettings, "agent.speech_model": c.SpeechModelConfig,
     "models": ModelSettings, "inbound": c.InboundConfig, "control": c.ControlConfig,
     "node": c.NodeConfig, "records": c.RecordsConfig, "metrics": c.MetricsConfig,
-    "mqtt": c.MqttConfig, "http": c.HttpConfig, "trunks": TrunkConfig, "routes": RouteConfig,
+    "mqtt": c.MqttConfig, "http": c.HttpConfig, "log": c.LogConfig, "trunks": TrunkConfig,
+    "routes": RouteConfig,
     "agent.echo": c.AgentConfig, "agent.tone": c.AgentConfig, "agent.playback": c.AgentConfig,
 }  # fmt: skip
 
