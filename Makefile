@@ -11,8 +11,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # kamailio and mosquitto are test peers: their system services are disabled after install
 # (Debian starts kamailio on port 5060, the bridge's). chromium and chromium-driver run the
 # browser tests of the talk page and the console (headless, kept off the network).
+# systemd: systemd-analyze, systemd-sysusers and systemd-tmpfiles check the service files
+# (deploy/systemd); nothing is started with it.
 APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox \
-	mosquitto kamailio chromium chromium-driver
+	mosquitto kamailio chromium chromium-driver systemd
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
@@ -21,7 +23,7 @@ PYTEST_ARGS ?=
 GPU ?=
 ORT_GPU := onnxruntime-gpu==1.31.1
 
-.PHONY: setup apt venv native models run test lint typecheck bench clean
+.PHONY: setup apt venv native models run test lint typecheck bench wheel clean
 
 setup: apt venv native models
 
@@ -83,6 +85,14 @@ test: setup lint typecheck
 bench: setup
 	$(PY) bench/media_core.py
 
+# The wheel operators install (docs/deploy.md): pure Python, config/ inside it as
+# sip_bridge/defaults. setuptools' build/lib and build/bdist.* go first: a module deleted
+# from the tree would otherwise still ship (build/native is the compiled media path's).
+wheel: venv
+	rm -rf build/lib build/bdist.* dist/sip_bridge-*.whl
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w dist .
+	@ls dist/sip_bridge-*.whl
+
 clean:
 	-[ -x $(PY) ] && $(PY) -m sip_bridge.native clean
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/out
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/out dist build/lib build/bdist.*
