@@ -91,7 +91,8 @@ MEANINGS: dict[str, str] = {
     "inbound.silence_after": "refusals in a row (401/403/503) after which a source's datagrams "
     "are dropped unread; 0 = never",
     "inbound.silence_s": "how long such a source must be quiet to be answered again",
-    "control.socket": "Unix socket `sip-bridge status` reads; empty: in the temp dir",
+    "control.socket": "Unix socket `sip-bridge status` reads; empty: `sip-bridge-<port>.sock` in"
+    " `$RUNTIME_DIRECTORY` (systemd's RuntimeDirectory), else in the temp dir",
     "control.reload_on_change": "reload when the file or a profile it names changes",
     "node.name": "this bridge in call records and event topics; empty: the host name",
     "records.enabled": "call records in SQLite (`sip-bridge calls list|show`)",

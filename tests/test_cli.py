@@ -57,7 +57,9 @@ def test_run_prints_the_uri_answers_options_and_stops_on_sigterm() -> None:
         # which file it read (named on the command line here)
         assert proc.stdout.readline() == f"config: {ROOT / 'config' / 'bridge.toml'} (--config)\n"
         with urllib.request.urlopen(console.group(1), timeout=5) as page:
-            assert page.status == 200 and b'id="live"' in page.read()
+            html = page.read().decode()
+            assert page.status == 200 and 'id="live"' in html
+            assert f"config: {ROOT / 'config' / 'bridge.toml'} (--config)" in html
         # OPTIONS is the health check a PBX or load balancer sends.
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.1", 0))

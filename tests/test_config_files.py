@@ -167,3 +167,17 @@ def test_the_shipped_bridge_toml_explains_every_key() -> None:
                 unexplained.append(f"{section}.{key}")
     assert not missing, missing
     assert not unexplained, unexplained
+
+
+def test_status_also_looks_where_the_systemd_unit_keeps_the_socket(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An operator's shell has no $RUNTIME_DIRECTORY: status tries the temp dir, then
+    /run/sip-bridge (the unit's RuntimeDirectory), and names both when nobody answers."""
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    conf = tmp_path / "bridge.toml"
+    conf.write_text('[sip]\nlisten = "127.0.0.1:5999"\n')
+    assert cli_main(["status", "--config", str(conf)]) == 1
+    err = capsys.readouterr().err
+    assert "no bridge answers on" in err and "sip-bridge-5999.sock" in err, err
+    assert "(nor on /run/sip-bridge/sip-bridge-5999.sock)" in err, err
