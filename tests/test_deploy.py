@@ -80,8 +80,11 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     )  # fmt: skip
     (wheel,) = dist.glob("sip_bridge-*-py3-none-any.whl")
     venv = base / "venv"
-    # with the pip `python3 -m venv` gives (Debian 12: 23.x), as an operator's venv has
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    # made by the system's Python, with the pip `python3 -m venv` gives, as an operator's
+    # venv is (Debian 12: Python 3.11.2 and pip 23.0; the .venv may run another 3.11)
+    system = Path("/usr/bin/python3.11")
+    python = str(system) if system.is_file() else sys.executable
+    subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120)
     purelib = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
     site = Path(subprocess.run([str(venv / "bin" / "python"), "-c", purelib], check=True,
                                capture_output=True, text=True).stdout.strip())  # fmt: skip
