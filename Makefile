@@ -23,7 +23,7 @@ PYTEST_ARGS ?=
 GPU ?=
 ORT_GPU := onnxruntime-gpu==1.31.1
 
-.PHONY: setup apt venv native models run test lint typecheck bench wheel clean
+.PHONY: setup apt venv native models run test lint typecheck bench wheel container-check clean
 
 setup: apt venv native models
 
@@ -92,6 +92,13 @@ wheel: venv
 	rm -rf build/lib build/bdist.* dist/sip_bridge-*.whl
 	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w dist .
 	@ls dist/sip_bridge-*.whl
+
+# Not part of `make test` (podman, a base image, ~500 MB from PyPI, minutes): build
+# deploy/Containerfile from the wheel, run it, call it. CONTAINER_CHECK_ARGS: e.g.
+# "--base-rootfs --runtime runc" where no registry is reachable and crun cannot run.
+CONTAINER_CHECK_ARGS ?=
+container-check: setup
+	$(PY) tests/container_check.py $(CONTAINER_CHECK_ARGS)
 
 clean:
 	-[ -x $(PY) ] && $(PY) -m sip_bridge.native clean
