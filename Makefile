@@ -14,8 +14,10 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # qemu-user runs the model tests on the AVX2 kernel path whatever this CPU is (the
 # models' int8/float kernels differ by CPU); asterisk-core-sounds-en-wav is human
 # telephone speech (a woman's prompts, 8 kHz) for the end-of-turn tests.
+# systemd: systemd-analyze, systemd-sysusers and systemd-tmpfiles check the service files
+# (deploy/systemd); nothing is started with it.
 APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox \
-	mosquitto kamailio chromium chromium-driver qemu-user asterisk-core-sounds-en-wav
+	mosquitto kamailio chromium chromium-driver qemu-user asterisk-core-sounds-en-wav systemd
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps
 PYTEST_ARGS ?=
@@ -24,7 +26,7 @@ PYTEST_ARGS ?=
 GPU ?=
 ORT_GPU := onnxruntime-gpu==1.31.1
 
-.PHONY: setup apt venv native models run test test-avx2 lint typecheck bench clean
+.PHONY: setup apt venv native models run test test-avx2 lint typecheck bench wheel container-check clean
 
 setup: apt venv native models
 
@@ -94,6 +96,21 @@ test-avx2: setup
 bench: setup
 	$(PY) bench/media_core.py
 
+# The wheel operators install (docs/deploy.md): pure Python, config/ inside it as
+# sip_bridge/defaults. setuptools' build/lib and build/bdist.* go first: a module deleted
+# from the tree would otherwise still ship (build/native is the compiled media path's).
+wheel: venv
+	rm -rf build/lib build/bdist.* dist/sip_bridge-*.whl
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps --no-build-isolation -w dist .
+	@ls dist/sip_bridge-*.whl
+
+# Not part of `make test` (podman, a base image, ~500 MB from PyPI, minutes): build
+# deploy/Containerfile from the wheel, run it, call it. CONTAINER_CHECK_ARGS: e.g.
+# "--base-rootfs --runtime runc" where no registry is reachable and crun cannot run.
+CONTAINER_CHECK_ARGS ?=
+container-check: setup
+	$(PY) tests/container_check.py $(CONTAINER_CHECK_ARGS)
+
 clean:
 	-[ -x $(PY) ] && $(PY) -m sip_bridge.native clean
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/out
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis bench/out dist build/lib build/bdist.*

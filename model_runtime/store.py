@@ -246,6 +246,11 @@ class ModelStore:
                 cmd.append("--no-index")
         prog.step(f"downloading {src.requirement} (for {', '.join(users)})")
         rc, err = self._run_pip(cmd, src.requirement, prog)
+        if rc != 0 and "invalid choice: 'raw'" in err:
+            # an older pip (a fresh Debian 12 venv has 23.0.1): no machine-readable
+            # progress, so none (a fresh venv must be able to fetch the models)
+            cmd[cmd.index("raw")] = "off"
+            rc, err = self._run_pip(cmd, src.requirement, prog)
         wheels = sorted(dest.glob("*.whl"))
         if rc != 0 or len(wheels) != 1:
             why = pip_error(err, rc)

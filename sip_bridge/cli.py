@@ -13,7 +13,10 @@ from pathlib import Path
 
 from sip_bridge import __version__
 from sip_bridge.config import BridgeConfig, ConfigError, load_config
+from sip_bridge.config_files import LOOKUP, RUNTIME_DIR, ConfigChoice, find_config
 from sip_bridge.transport import TransportError
+
+_LOOKUP_HELP = f"bridge.toml (default: the first of {', '.join(LOOKUP)})"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"sip-bridge {__version__}")
     sub = parser.add_subparsers(dest="command")
     run = sub.add_parser("run", help="answer calls")
-    run.add_argument("--config", default=None, help="bridge.toml (default: built-in defaults)")
+    run.add_argument("--config", default=None, help=_LOOKUP_HELP)
     run.add_argument("--listen", metavar="HOST:PORT", help="override sip.listen")
     run.add_argument("--agent", metavar="NAME", help="override agent.name")
     run.add_argument("--rtp-ports", metavar="LOW-HIGH", help="override rtp.ports")
@@ -29,13 +32,17 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--http", metavar="HOST:PORT", help="override http.listen ('off': none)")
     run.add_argument("-v", "--verbose", action="store_true", help="log every call")
     status = sub.add_parser("status", help="show a running bridge's calls and registrations")
-    status.add_argument("--config", default=None, help="the bridge.toml it runs with")
+    status.add_argument("--config", default=None, help=f"the {_LOOKUP_HELP}")
     status.add_argument("--listen", metavar="HOST:PORT", help="the --listen it runs with")
     status.add_argument("--socket", metavar="PATH", help="its control socket (control.socket)")
     status.add_argument("--json", action="store_true", help="print the raw JSON")
     config = sub.add_parser("config", help="check a bridge.toml (and the agent profiles it names)")
     config.add_argument("action", choices=["check"])
-    config.add_argument("file", nargs="?", default="config/bridge.toml", help="bridge.toml")
+    config.add_argument("file", nargs="?", default=None, help=_LOOKUP_HELP)
+    init = sub.add_parser(
+        "init", help="write an editable config (bridge.toml, agent profiles, prompts) to DIR"
+    )
+    init.add_argument("dir", metavar="DIR", type=Path, help="e.g. /etc/sip-bridge or ./config")
     from model_runtime.models_cli import add_models_parser
     from sip_bridge.records_cli import add_parser as add_calls_parser
 
@@ -79,40 +86,65 @@ async def run_call(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    from sip_bridge.reload import ConfigWatcher, reload_bridge, watched_files
-    from sip_bridge.server import BridgeServer, settle_heap
-
-    config = load_config(args.config).with_overrides(
+def _load(args: argparse.Namespace, choice: ConfigChoice) -> BridgeConfig:
+    return load_config(choice.path).with_overrides(
         listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports, max_calls=args.max_calls,
         http=args.http,
     )  # fmt: skip
-    server = BridgeServer(config, control=True)
-    await server.start()
-    settle_heap()
-    transports = "+".join(config.sip.transports)
-    print(f"sip-bridge {__version__} listening on {transports} {config.sip.listen}", flush=True)
-    print(f"dial {server.uri} (agent: {config.agent.name}); Ctrl-C to stop", flush=True)
-    sock = config.control.socket_path(server.port)
-    print(f"status: sip-bridge status --socket {sock}", flush=True)
-    print(f"media path: {server.media_path}", flush=True)
-    if server.web is not None:
-        print(f"talk to an agent in a browser: {server.web.url}/talk", flush=True)
-        print(f"operator console: {server.web.url}/console", flush=True)
+
+
+async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeConfig) -> int:
+    from sip_bridge import logs
+    from sip_bridge.reload import ConfigWatcher, reload_bridge, watched_files
+    from sip_bridge.sd_notify import ServiceNotifier
+    from sip_bridge.server import BridgeServer, settle_heap
+
     loop = asyncio.get_running_loop()
+    notifier = ServiceNotifier()  # systemd (Type=notify), when it started us
+    notifier.status("loading the speech models and binding the ports")
+    notifier.start_watchdog(loop)  # from now on: model loading runs beside the loop
+    server = BridgeServer(config, control=True)
+    server.config_source = choice.source
+    try:
+        await server.start()
+    except BaseException:
+        notifier.close()
+        raise
+    settle_heap()
+    fmt = config.log.format
+
+    def say(line: str) -> None:
+        logs.banner(line, fmt)
+
+    transports = "+".join(config.sip.transports)
+    host = config.sip.listen_host
+    where = f"[{host}]:{server.port}" if ":" in host else f"{host}:{server.port}"
+    say(f"sip-bridge {__version__} listening on {transports} {where}")
+    say(f"dial {server.uri} (agent: {config.agent.name}); Ctrl-C to stop")
+    sock = config.control.socket_path(server.port)
+    say(f"status: sip-bridge status --socket {sock}")
+    say(f"media path: {server.media_path}")
+    if server.web is not None:
+        say(f"talk to an agent in a browser: {server.web.url}/talk")
+        say(f"operator console: {server.web.url}/console")
+    say(choice.describe())
+    notifier.ready(f"answering calls at {server.uri}")
     stop, drain, wake = asyncio.Event(), asyncio.Event(), asyncio.Event()
-
-    def load() -> BridgeConfig:
-        return load_config(args.config).with_overrides(
-            listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports,
-            max_calls=args.max_calls, http=args.http,
-        )  # fmt: skip
-
     reloading: list[asyncio.Task[bool]] = []
+
+    async def reload_and_tell() -> bool:
+        notifier.reloading()
+        ok = await reload_bridge(server, lambda: _load(args, choice))
+        if ok:  # [log] may have changed too
+            log_cfg = server.config.log
+            logs.configure(log_cfg.format, log_cfg.level, verbose=args.verbose)
+        what = "config reloaded" if ok else "config reload refused (see the log)"
+        notifier.ready(f"answering calls at {server.uri}; {what}")
+        return ok
 
     def reload() -> None:
         if not any(not t.done() for t in reloading):  # one at a time
-            reloading[:] = [loop.create_task(reload_bridge(server, load))]
+            reloading[:] = [loop.create_task(reload_and_tell())]
 
     watcher = ConfigWatcher(watched_files(config))
 
@@ -132,10 +164,17 @@ async def _serve(args: argparse.Namespace) -> int:
             reload()
             await reloading[0]
             watcher.watch(watched_files(server.config))
-    if drain.is_set() and not stop.is_set():  # SIGTERM: finish calls first (SIGINT: now)
-        await server.drain()
-    else:
-        await server.stop()
+    grace_s = 10.0  # BYEs answered, registrations removed, records closed
+    try:
+        if drain.is_set() and not stop.is_set():  # SIGTERM: finish calls first (SIGINT: now)
+            drain_s = server.config.sip.drain_s
+            notifier.stopping(drain_s + grace_s, f"draining {len(server.calls)} call(s)")
+            await server.drain()
+        else:
+            notifier.stopping(grace_s, "hanging up and stopping")
+            await server.stop()
+    finally:
+        notifier.close()
     return 0
 
 
@@ -146,27 +185,36 @@ def show_status(args: argparse.Namespace) -> int:
     from sip_bridge.config import parse_hostport
     from sip_bridge.control import ControlError, format_status, query
 
-    path = args.socket
-    if path is None:
-        config = load_config(args.config)
+    paths = [args.socket] if args.socket else []
+    if not paths:
+        config = load_config(find_config(args.config).path)  # where it keeps the socket
         port = parse_hostport(args.listen)[1] if args.listen else config.sip.listen_port
-        path = config.control.socket_path(port)
+        paths = [config.control.socket_path(port)]
+        if not config.control.socket:  # where the systemd unit's bridge has it
+            paths.append(str(RUNTIME_DIR / Path(paths[0]).name))
+    path = next((p for p in paths if Path(p).exists()), paths[0])
     try:
         answer = query(path)
     except ControlError as exc:
-        print(f"sip-bridge status: {exc}", file=sys.stderr)
+        also = f" (nor on {', '.join(paths[1:])})" if len(paths) > 1 else ""
+        print(f"sip-bridge status: {exc}{also}", file=sys.stderr)
         return 1
     print(json.dumps(answer, indent=2) if args.json else format_status(answer), flush=True)
     return 0
 
 
-def check_config(path: str) -> int:
+def check_config(file: str | None) -> int:
     """``sip-bridge config check``: 0 and a summary line, or 2 and the first mistake (file,
     line, key) in the file or in an agent profile it names."""
     from agent.profile import ProfileError, load_profile
 
+    choice = find_config(file)
+    target = file if file is not None else choice.path  # a named file: as it was named
+    path = str(target or "(built-in defaults)")
+    if file is None:
+        print(choice.describe(), flush=True)
     try:
-        config = load_config(path)
+        config = load_config(target)
         profiles = sorted({c.agent.voice_profile for c in config.agent_configs()
                            if c.agent.name == "voice"})  # fmt: skip
         for profile in profiles:
@@ -182,11 +230,29 @@ def check_config(path: str) -> int:
     return 0
 
 
+def init_config(directory: Path) -> int:
+    """``sip-bridge init DIR``: 0 and what to do next, or 1 (nothing written) and why."""
+    from sip_bridge.init_dir import InitError, next_steps, write_starting_point
+
+    try:
+        written = write_starting_point(directory)
+    except InitError as exc:
+        print(f"sip-bridge init: {exc}", file=sys.stderr)
+        return 1
+    print(f"wrote {len(written)} files to {directory}:", flush=True)
+    for f in written:
+        print(f"  {f.relative_to(directory)}")
+    print(next_steps(directory), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command == "config":
         return check_config(args.file)
+    if args.command == "init":
+        return init_config(args.dir)
     if args.command == "calls":
         from sip_bridge import records_cli
 
@@ -215,24 +281,28 @@ def main(argv: list[str] | None = None) -> int:
     # wake-ups and spinning. Set before numpy is first imported (the server imports it);
     # an operator's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    logging.basicConfig(
-        level=logging.INFO if args.verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("sip_bridge.registration").setLevel(logging.INFO)  # always worth a line
     from agent.profile import ProfileError
     from model_runtime.store import ModelError
+    from sip_bridge import logs
     from sip_bridge.native import NativeBuildError
     from sip_bridge.records import RecordsError
 
+    choice = find_config(args.config)
     try:
-        return asyncio.run(_serve(args))
+        config = _load(args, choice)  # its mistakes name the file
+    except ConfigError as exc:
+        print(f"sip-bridge: {exc}", file=sys.stderr)
+        return 2
+    logs.configure(config.log.format, config.log.level, verbose=args.verbose)
+    try:
+        return asyncio.run(_serve(args, choice, config))
     except (
         ConfigError, TransportError, ProfileError, ModelError, NativeBuildError, RecordsError
     ) as exc:  # fmt: skip
         # a bad file, a busy port, a broken agent profile, a missing or corrupt model, a
         # stale compiled media path: one line that says what and where (and the fix)
-        print(f"sip-bridge: {exc}", file=sys.stderr)
+        where = "" if isinstance(exc, ConfigError) else f" (config: {choice.short()})"
+        print(f"sip-bridge: {exc}{where}", file=sys.stderr)
         return 2
 
 

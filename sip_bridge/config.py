@@ -26,6 +26,8 @@ from sip_bridge.config_sections import (
 from sip_bridge.config_types import (
     AGENTS,
     DEMO_PROFILE,
+    LOG_FORMATS,
+    LOG_LEVELS,
     SYMMETRIC,
     TRANSPORTS,
     AgentConfig,
@@ -35,6 +37,7 @@ from sip_bridge.config_types import (
     HttpConfig,
     InboundConfig,
     JitterConfig,
+    LogConfig,
     MetricsConfig,
     MqttConfig,
     NodeConfig,
@@ -66,6 +69,7 @@ __all__ = [
     "HttpConfig",
     "InboundConfig",
     "JitterConfig",
+    "LogConfig",
     "MetricsConfig",
     "MqttConfig",
     "NodeConfig",
@@ -177,6 +181,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "max_sessions": (int,),
         "token_ttl_s": (int, float),
     },
+    "log": {"format": (str,), "level": (str,)},
     "trunks": {},  # an array of tables: checked by sip_bridge.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.routes
 }
@@ -385,7 +390,11 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             raise ConfigError(p, _line_of(text, "models", key), f"models.{key}", "must be 1..64")
     if models.dir and not Path(models.dir).is_absolute():
         models = replace(models, dir=str(Path(p).resolve().parent / models.dir))
+    log_cfg = LogConfig(**data.get("log", {}))
+    _choice(log_cfg.format, LOG_FORMATS, text, p, "log.format")
+    _choice(log_cfg.level, LOG_LEVELS, text, p, "log.level")
     return BridgeConfig(
+        log=log_cfg,
         models=models,
         sip=sip_cfg,
         rtp=rtp,

@@ -91,7 +91,8 @@ MEANINGS: dict[str, str] = {
     "inbound.silence_after": "refusals in a row (401/403/503) after which a source's datagrams "
     "are dropped unread; 0 = never",
     "inbound.silence_s": "how long such a source must be quiet to be answered again",
-    "control.socket": "Unix socket `sip-bridge status` reads; empty: in the temp dir",
+    "control.socket": "Unix socket `sip-bridge status` reads; empty: `sip-bridge-<port>.sock` in"
+    " `$RUNTIME_DIRECTORY` (systemd's RuntimeDirectory), else in the temp dir",
     "control.reload_on_change": "reload when the file or a profile it names changes",
     "node.name": "this bridge in call records and event topics; empty: the host name",
     "records.enabled": "call records in SQLite (`sip-bridge calls list|show`)",
@@ -115,6 +116,10 @@ MEANINGS: dict[str, str] = {
     "mqtt.password_env": "environment variable holding the password",
     "mqtt.spool_dir": "events wait here while the broker is away",
     "mqtt.keepalive_s": "MQTT keepalive, 5..3600 s",
+    "log.format": '`"text"` (lines for a person) or `"json"` (one object per line, with'
+    " `call_id` on every line about a call)",
+    "log.level": '`"debug"`, `"info"`, `"warning"` or `"error"`; `sip-bridge run -v`: at least'
+    " info",
     "trunks.name": "required, unique: logs, status, records, routes",
     "trunks.registrar": "`host[:port]` or URI to register at; empty: no registration",
     "trunks.username": "user part of our address-of-record (often the DID)",
@@ -156,7 +161,8 @@ _CLASS: dict[str, type] = {
     "agent.voice": VoiceSettings, "agent.speech_model": c.SpeechModelConfig,
     "models": ModelSettings, "inbound": c.InboundConfig, "control": c.ControlConfig,
     "node": c.NodeConfig, "records": c.RecordsConfig, "metrics": c.MetricsConfig,
-    "mqtt": c.MqttConfig, "http": c.HttpConfig, "trunks": TrunkConfig, "routes": RouteConfig,
+    "mqtt": c.MqttConfig, "http": c.HttpConfig, "log": c.LogConfig, "trunks": TrunkConfig,
+    "routes": RouteConfig,
     "agent.echo": c.AgentConfig, "agent.tone": c.AgentConfig, "agent.playback": c.AgentConfig,
 }  # fmt: skip
 

@@ -5,6 +5,7 @@ share with command-line overrides. Loading and validating a file: :mod:`sip_brid
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import socket
 import tempfile
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agent.voice_settings import ModelSettings, VoiceSettings
+from sip_bridge.config_files import packaged_dir
 from sip_bridge.routes import RouteConfig
 from sip_bridge.trunks import TrunkConfig
 
@@ -19,6 +21,8 @@ __all__ = [
     "AGENTS",
     "DEMO_PROFILE",
     "FALLBACK_PROMPT",
+    "LOG_FORMATS",
+    "LOG_LEVELS",
     "MODEL_FAULT_ACTIONS",
     "SYMMETRIC",
     "TRANSPORTS",
@@ -28,6 +32,7 @@ __all__ = [
     "ControlConfig",
     "InboundConfig",
     "JitterConfig",
+    "LogConfig",
     "MetricsConfig",
     "MqttConfig",
     "NodeConfig",
@@ -42,12 +47,11 @@ __all__ = [
     "parse_port_range",
 ]
 
-#: The shipped demo agent profile (config/agents/demo.toml in a checkout).
-DEMO_PROFILE = Path(__file__).resolve().parent.parent / "config" / "agents" / "demo.toml"
+#: The shipped demo agent profile (config/agents/demo.toml in a checkout, inside the package
+#: in a wheel: :func:`sip_bridge.config_files.packaged_dir`).
+DEMO_PROFILE = packaged_dir() / "agents" / "demo.toml"
 #: The shipped "technical difficulties" prompt (config/prompts/, rendered by our TTS voice).
-FALLBACK_PROMPT = (
-    Path(__file__).resolve().parent.parent / "config" / "prompts" / "technical_difficulty.wav"
-)
+FALLBACK_PROMPT = packaged_dir() / "prompts" / "technical_difficulty.wav"
 #: What the bridge does after a model fault's fallback prompt.
 MODEL_FAULT_ACTIONS = ("hangup", "transfer")
 
@@ -178,11 +182,17 @@ class InboundConfig:
 class ControlConfig:
     """Where ``sip-bridge status`` finds a running bridge (a Unix socket)."""
 
-    socket: str = ""  # empty: <temp dir>/sip-bridge-<SIP port>.sock
+    socket: str = ""  # empty: <runtime or temp dir>/sip-bridge-<SIP port>.sock
     reload_on_change: bool = True  # reload when the config or a profile it names changes
 
     def socket_path(self, sip_port: int) -> str:
-        return self.socket or str(Path(tempfile.gettempdir()) / f"sip-bridge-{sip_port}.sock")
+        """The socket, or by default ``sip-bridge-<port>.sock`` in ``$RUNTIME_DIRECTORY``
+        (what systemd's RuntimeDirectory= sets: the unit's temp dir is private) or else
+        the temp dir."""
+        if self.socket:
+            return self.socket
+        folder = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0] or tempfile.gettempdir()
+        return str(Path(folder) / f"sip-bridge-{sip_port}.sock")
 
 
 @dataclass(frozen=True)
@@ -238,6 +248,20 @@ class MqttConfig:
     keepalive_s: int = 30
 
 
+#: ``[log] format``: lines for a person, or one JSON object per line for a collector.
+LOG_FORMATS = ("text", "json")
+#: ``[log] level``, quietest last.
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class LogConfig:
+    """How the bridge logs (to stderr: the journal under systemd)."""
+
+    format: str = "text"
+    level: str = "warning"  # `sip-bridge run -v` lowers it to info
+
+
 @dataclass(frozen=True)
 class BridgeConfig:
     sip: SipConfig = field(default_factory=SipConfig)
@@ -254,6 +278,7 @@ class BridgeConfig:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    log: LogConfig = field(default_factory=LogConfig)
     path: str = "<defaults>"
 
     def for_route(self, route: RouteConfig | None) -> BridgeConfig:

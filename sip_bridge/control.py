@@ -110,6 +110,11 @@ def format_status(st: dict[str, Any]) -> str:
         "calls: {active} active / {max_calls} max; offered {offered}, answered {established}, "
         "ended {ended}".format(**{**st.get("counters", {}), **st.get("limits", {})}),
     ]
+    cfg = st.get("config") or {}
+    if cfg.get("path"):
+        said = cfg.get("source") not in (None, "", "--config", cfg["path"])
+        source = f" ({cfg['source']})" if said else ""
+        lines.insert(1, f"config: {cfg['path']}{source}")
     adm = st.get("admission", {})
     if adm:
         lines.append("inbound: " + ", ".join(f"{k} {v}" for k, v in adm.items()))

@@ -34,6 +34,7 @@ from jitter import JitterBuffer, PlayoutBuffer
 from resample import Resampler
 from sip_bridge.call_recording import StereoRecorder
 from sip_bridge.dtmf import DtmfDigit, DtmfReceiver
+from sip_bridge.logs import CALL_ID
 from sip_bridge.media_clock import TICK_S, MediaClock, media_clock
 from sip_bridge.media_io import (
     AudioRtpSender,
@@ -302,11 +303,14 @@ class CallMedia:
                 self.on_caller_dtmf(event)
 
     def _event_to_agent(self, event: AgentEvent) -> None:
+        token = CALL_ID.set(self.call.call_id)  # the clock serves every call: say which
         try:
             self.agent.on_event(event)
         except Exception:
             self.agent_errors += 1
             log.exception("agent %s failed on %r", self.agent.name, event)
+        finally:
+            CALL_ID.reset(token)
 
     # -- the clock's stages (see sip_bridge.media_clock) -------------------------------------
 
@@ -348,12 +352,16 @@ class CallMedia:
         return self.playout.flush() + pending_ms
 
     def _rx_deliver(self, pcm: NDArray[np.int16]) -> None:
+        # what the agent logs, and the tasks it starts (a reply), are this call's
+        token = CALL_ID.set(self.call.call_id)
         try:
             self.agent.on_audio(pcm)
         except Exception:
             self.agent_errors += 1
             if self.agent_errors <= 3:
                 log.exception("agent %s failed on audio", self.agent.name)
+        finally:
+            CALL_ID.reset(token)
 
     def _write(self, pcm: NDArray[np.int16]) -> None:
         """Queue agent audio; the clock downsamples it (batched) before the next send."""

@@ -41,6 +41,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from resample.batch import process_many
+from sip_bridge.logs import neutral_context
 from sip_bridge.media_io import realtime_offset
 
 if TYPE_CHECKING:
@@ -123,7 +124,8 @@ class MediaClock:
         if self._handle is None:
             self._origin = self.loop.time()
             self._j = 0
-            self._handle = self.loop.call_at(self._origin, self._tick)
+            # every call's tick: not in the context (call id) of the call that started it
+            self._handle = self.loop.call_at(self._origin, self._tick, context=neutral_context())
         self.members[id(media)] = media
         if self.poller is not None and media._sock is not None:
             fd = media._sock.fileno()

@@ -5,6 +5,7 @@ socket the media clock reads once the call runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import struct
@@ -132,9 +133,13 @@ class PolledSocket:
             self.stamped = True
         except OSError:
             self.stamped = False
-        pause = getattr(transport, "pause_reading", None)  # selector loops have it; without
-        if pause is not None:  # it asyncio keeps reading too, harmlessly: same receiver
-            pause()
+        # Selector loops pause a datagram transport in later 3.11 releases (3.11.7 does); in
+        # Debian 12's 3.11.2 pause_reading raises NotImplementedError. Unpaused, asyncio
+        # keeps reading too, harmlessly: its protocol hands datagrams to the same receiver.
+        pause = getattr(transport, "pause_reading", None)
+        if pause is not None:
+            with contextlib.suppress(NotImplementedError):
+                pause()
         self.send_errors = 0
 
     def fileno(self) -> int:

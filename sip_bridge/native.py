@@ -34,6 +34,7 @@ __all__ = [
     "NativeStatus",
     "build",
     "check",
+    "compile_hint",
     "main",
     "require_fresh",
 ]
@@ -133,6 +134,14 @@ def check() -> NativeStatus:
         else:
             stale.append(m)
     return NativeStatus(tuple(compiled), tuple(missing), tuple(stale))
+
+
+def compile_hint() -> str:
+    """How to get the compiled media path where this runs: ``make native`` in a checkout;
+    an installed wheel carries the media path as Python only (docs/deploy.md says why)."""
+    if (ROOT / "pyproject.toml").is_file() and (ROOT / "Makefile").is_file():
+        return "`make native`"
+    return "an installed wheel runs it as Python (docs/deploy.md: the compiled media path)"
 
 
 def require_fresh() -> NativeStatus:

@@ -83,6 +83,8 @@ def bridge_status(server: BridgeServer) -> dict[str, Any]:
     return {
         "version": __version__,
         "uptime_s": round(now - server._started_at, 1),
+        # the file it runs with, and what chose it (--config, $SIP_BRIDGE_CONFIG, ...)
+        "config": {"path": server.config.path, "source": server.config_source},
         "listen": f"{'+'.join(sip.transports)} {sip.listen_host}:{server.port}",
         "agent": server.config.agent.name,
         "limits": {"max_calls": sip.max_calls},

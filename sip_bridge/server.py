@@ -37,9 +37,10 @@ from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
 from sip_bridge.config import BridgeConfig
 from sip_bridge.control import ControlServer
 from sip_bridge.heap import HeapTrimmer
+from sip_bridge.logs import call_context, neutral_context
 from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
 from sip_bridge.message import SipResponse, parse_message
-from sip_bridge.native import require_fresh
+from sip_bridge.native import compile_hint, require_fresh
 from sip_bridge.offer_answer import NegotiatedMedia
 from sip_bridge.operator_view import apply_command, bridge_status
 from sip_bridge.registrar_link import RegistrarLink
@@ -125,6 +126,10 @@ class BridgeServer:
         self.telemetry = CallTelemetry(config.node.node_name, active=lambda: len(self.calls))
         self.ready = False  # models loaded and listening: /healthz says ok
         self.web: WebServer | None = None  # [http]: the talk page and the console
+        self.config_source = ""  # what chose config.path (`sip-bridge run`: the lookup)
+        # the SIP timer serves every call: it must not keep the context (call id) of the
+        # call whose work happened to schedule it
+        self._timer_context = neutral_context()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -135,7 +140,7 @@ class BridgeServer:
         await self.telemetry.open(self.config, self.media_path, lambda: self.ready,
                                   self._on_command)  # fmt: skip
         if self.media_path != "compiled":
-            log.warning("media path runs as Python (2.5x the CPU per call): `make native`")
+            log.warning("media path runs as Python (2.5x the CPU per call): %s", compile_hint())
         if self.agent_factory is make_agent:  # models load before we listen, for every route
             loop = asyncio.get_running_loop()
             for cfg in self.config.agent_configs():
@@ -377,48 +382,56 @@ class BridgeServer:
             self._timer.cancel()
             self._timer = None
         if deadline is not None:
-            self._timer = asyncio.get_running_loop().call_at(deadline, self._tick)
+            self._timer = asyncio.get_running_loop().call_at(
+                deadline, self._tick, context=self._timer_context
+            )
 
     def _handle(self, events: list[UaEvent]) -> None:
         for ev in events:
             if isinstance(ev, Send):
                 self.transport.send_nowait(ev.data, ev.destination, ev.transport)
-            elif isinstance(ev, CallOffered):
-                self.stats["offered"] += 1
-                self._spawn(self._offered(ev))
-            elif isinstance(ev, CallEstablished):
-                self.stats["established"] += 1
-                self._spawn(self._established(ev.call_id, ev.media))
-            elif isinstance(ev, CallEnded):
-                self.stats["ended"] += 1
-                call = self.calls.get(ev.call_id)
-                log.info("call %s ended by %s: %s", ev.call_id, ev.by, ev.reason)
-                if call is not None:
-                    self._spawn(self._teardown(call, ev.reason, ev.by))
-            elif isinstance(ev, DtmfInfo):
-                call = self.calls.get(ev.call_id)
-                if call is not None and call.media is not None:
-                    call.media.agent.on_event(DtmfEvent(ev.digit))
-                    self.telemetry.event(ev.call_id, "dtmf", ce.dtmf(ev.digit, "info"))
-            elif isinstance(ev, MediaUpdated):
-                self._media_updated(ev.call_id, ev.media)
-            elif isinstance(ev, TransferProgress):
-                log.info(
-                    "call %s: transfer to %s %s (%s)", ev.call_id, ev.target, ev.outcome, ev.reason
-                )
-                call = self.calls.get(ev.call_id)
-                if ev.final:
-                    self.telemetry.event(ev.call_id, "transfer", ce.transfer(
-                        ev.target, ev.outcome, ev.status, ev.reason
-                    ))  # fmt: skip
-                if ev.final and call is not None and call.media is not None:
-                    result = TransferResult(ev.target, "failed", ev.status, ev.reason)
-                    if ev.outcome == "succeeded":
-                        result = TransferResult(ev.target, "succeeded", ev.status, ev.reason)
-                    call.media.agent.on_event(result)
+            else:
+                with call_context(getattr(ev, "call_id", None)):  # its log lines name it
+                    self._handle_call_event(ev)
         self._schedule()
 
+    def _handle_call_event(self, ev: UaEvent) -> None:
+        if isinstance(ev, CallOffered):
+            self.stats["offered"] += 1
+            self._spawn(self._offered(ev))
+        elif isinstance(ev, CallEstablished):
+            self.stats["established"] += 1
+            self._spawn(self._established(ev.call_id, ev.media))
+        elif isinstance(ev, CallEnded):
+            self.stats["ended"] += 1
+            call = self.calls.get(ev.call_id)
+            log.info("call %s ended by %s: %s", ev.call_id, ev.by, ev.reason)
+            if call is not None:
+                self._spawn(self._teardown(call, ev.reason, ev.by))
+        elif isinstance(ev, DtmfInfo):
+            call = self.calls.get(ev.call_id)
+            if call is not None and call.media is not None:
+                call.media.agent.on_event(DtmfEvent(ev.digit))
+                self.telemetry.event(ev.call_id, "dtmf", ce.dtmf(ev.digit, "info"))
+        elif isinstance(ev, MediaUpdated):
+            self._media_updated(ev.call_id, ev.media)
+        elif isinstance(ev, TransferProgress):
+            log.info(
+                "call %s: transfer to %s %s (%s)", ev.call_id, ev.target, ev.outcome, ev.reason
+            )
+            call = self.calls.get(ev.call_id)
+            if ev.final:
+                self.telemetry.event(ev.call_id, "transfer", ce.transfer(
+                    ev.target, ev.outcome, ev.status, ev.reason
+                ))  # fmt: skip
+            if ev.final and call is not None and call.media is not None:
+                result = TransferResult(ev.target, "failed", ev.status, ev.reason)
+                if ev.outcome == "succeeded":
+                    result = TransferResult(ev.target, "succeeded", ev.status, ev.reason)
+                call.media.agent.on_event(result)
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        # the task keeps the current context: the call :meth:`_handle` works for
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._task_done)

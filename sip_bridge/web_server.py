@@ -216,8 +216,10 @@ class WebServer:
 
     async def _console_page(self, request: web.Request) -> web.Response:
         actions = "true" if self.bridge.config.http.operator_token else "false"
-        return self._page("console.html", {"node": self.bridge.telemetry.node,
-                                           "actions_enabled": actions})  # fmt: skip
+        source = self.bridge.config_source
+        config = self.bridge.config.path + (f" ({source})" if source else "")
+        values = {"node": self.bridge.telemetry.node, "actions_enabled": actions, "config": config}
+        return self._page("console.html", values)
 
     async def _static(self, request: web.Request) -> web.StreamResponse:
         name = request.match_info["name"]

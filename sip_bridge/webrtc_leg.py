@@ -48,6 +48,7 @@ from agent.base import (
 )
 from resample import Resampler
 from sip_bridge.console_view import turn_total_ms
+from sip_bridge.logs import CALL_ID
 
 __all__ = [
     "AgentTrack",
@@ -313,6 +314,7 @@ class BrowserSession:
         """Our SDP answer to the browser's offer (candidates included: no trickle ICE).
         The session ends if media does not connect within ``connect_timeout_s``, and after
         ``max_s`` (0: no limit), as a SIP call does after ``sip.max_call_s``."""
+        CALL_ID.set(self.call.call_id)  # this request's task, and all it starts, is the session's
         sdp, dropped = filter_candidates(offer_sdp, self.ice)
         if dropped:
             log.debug("browser %s: %d unreachable ICE candidates dropped", self.id, dropped)

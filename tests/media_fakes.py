@@ -14,5 +14,5 @@ class FakeLoop:
     def time(self) -> float:
         return self.now
 
-    def call_at(self, when: float, callback: object) -> object:
+    def call_at(self, when: float, callback: object, *, context: object = None) -> object:
         return SimpleNamespace(cancel=lambda: None)

@@ -54,8 +54,12 @@ def test_run_prints_the_uri_answers_options_and_stops_on_sigterm() -> None:
         lines = [proc.stdout.readline() for _ in range(4)]
         console = re.search(r"operator console: (http://127\.0\.0\.1:\d+/console)", lines[-1])
         assert console and "talk to an agent in a browser: http://" in lines[-2], lines
+        # which file it read (named on the command line here)
+        assert proc.stdout.readline() == f"config: {ROOT / 'config' / 'bridge.toml'} (--config)\n"
         with urllib.request.urlopen(console.group(1), timeout=5) as page:
-            assert page.status == 200 and b'id="live"' in page.read()
+            html = page.read().decode()
+            assert page.status == 200 and 'id="live"' in html
+            assert f"config: {ROOT / 'config' / 'bridge.toml'} (--config)" in html
         # OPTIONS is the health check a PBX or load balancer sends.
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
             s.bind(("127.0.0.1", 0))
@@ -88,10 +92,13 @@ def test_config_and_port_errors_exit_2_with_the_reason(tmp_path: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as busy:
         busy.bind(("127.0.0.1", 0))
         port = busy.getsockname()[1]
-        proc = _cli("run", "--listen", f"127.0.0.1:{port}")
+        proc = _cli("run", "--listen", f"127.0.0.1:{port}", "--agent", "echo")
         _, err = proc.communicate(timeout=20)
     assert proc.returncode == 2
-    assert f"127.0.0.1:{port}/udp is already in use" in err
+    # the one line says which config it ran with (found by the lookup, in the checkout)
+    (line,) = err.strip().splitlines()
+    assert f"127.0.0.1:{port}/udp is already in use" in line, err
+    assert line.endswith(f"(config: {ROOT / 'config' / 'bridge.toml'} (./config/bridge.toml))")
 
 
 def test_missing_models_and_broken_profiles_exit_2_in_one_line(tmp_path: Path) -> None:

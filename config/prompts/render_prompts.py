@@ -2,9 +2,13 @@
 
 The WAVs next to this file are data, committed once: a bridge must be able to apologise
 when its models are what failed, so the prompt may not need a model at call time. Run
-this after changing a text or the voice, from the repository root:
+this after changing a text or the voice, with the bridge's Python: in a checkout
 
     .venv/bin/python config/prompts/render_prompts.py
+
+and in a directory `sip-bridge init` wrote (the venv the wheel is installed in)
+
+    /opt/sip-bridge/bin/python /etc/sip-bridge/prompts/render_prompts.py
 
 Output: 16 kHz mono 16-bit PCM (wideband, a quarter the size of Piper's 22.05 kHz at
 24 kHz; the bridge resamples to the call's rate), one file per entry of ``PROMPTS``.
@@ -18,10 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+_CHECKOUT = Path(__file__).resolve().parents[2]
+if (_CHECKOUT / "agent" / "tts.py").is_file():  # a checkout; an installed bridge imports as is
+    sys.path.insert(0, str(_CHECKOUT))
 
-from agent.tts import PiperTts
-from resample import Resampler
+from agent.tts import PiperTts  # noqa: E402 (after the checkout joins sys.path)
+from resample import Resampler  # noqa: E402
 
 RATE = 16000
 PROMPTS = {
