@@ -30,6 +30,7 @@ from agent.sentences import SentenceBuffer
 __all__ = [
     "DialogueEngine",
     "Hangup",
+    "KeyTurn",
     "ReplyPart",
     "Say",
     "SendDtmf",
@@ -62,6 +63,16 @@ class SendDtmf:
 
 
 ReplyPart: TypeAlias = Say | Transfer | Hangup | SendDtmf
+
+
+@dataclass(frozen=True)
+class KeyTurn:
+    """A turn the caller took on the keypad, and the engine's answer to it."""
+
+    keys: str  # what the caller keyed: a slot entry's digits ("54321") or one key ("2")
+    parts: list[ReplyPart]
+    ended_by: str = "key"  # entries: "#", "length" (max_length reached) or "timeout"
+
 
 _UNITS = {"zero": 0, "oh": 0, "o": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
 _UNITS |= {"six": 6, "seven": 7, "eight": 8, "nine": 9}
@@ -175,7 +186,7 @@ def _phrase_score(phrase: Sequence[str], words: Sequence[str], threshold: float)
 
 
 class DialogueEngine:
-    """One call's conversation. Feed it turns (:meth:`respond`) and keys (:meth:`on_dtmf`);
+    """One call's conversation. Feed it turns (:meth:`respond`) and keys (:meth:`press`);
     speak the :class:`Say` parts, carry out the others, and report what was really heard
     with :meth:`played` (barge-in may cut a reply short)."""
 
@@ -203,6 +214,8 @@ class DialogueEngine:
         self._pending: str | None = None  # the slot being asked for
         self._filled: dict[str, str] = {}
         self._keys = ""  # keypad digits typed into a digits slot so far
+        self._key_at: float | None = None  # when the last of them was typed
+        self._hash_until: float | None = None  # a '#' before this ends an entry already over
         self._llm_warned = False
 
     def fork(self) -> DialogueEngine:
@@ -274,42 +287,74 @@ class DialogueEngine:
         for part in parts + self._after_turn():
             yield part
 
-    async def on_dtmf(self, digit: str) -> AsyncIterator[ReplyPart]:
-        """One key: fills a digits slot ('#' ends, '*' clears), else picks a menu intent."""
+    def press(self, digit: str, now: float | None = None) -> KeyTurn | None:
+        """One key. A :class:`KeyTurn` when it makes a turn: a menu key, a yes/no key, or the
+        key that ends a digits slot's entry ('#', or the ``max_length``-th digit). None when
+        it does not: a digit typed into an unfinished entry, '*' (clears the entry), and
+        keys the engine ignores: '#' right after an entry that ended at its length (the
+        caller's terminator, typed as the prompt said), '#' and unbound '*' or A-D at the
+        menu, anything once the call is ending. The agent must not stop talking for those.
+        """
+        now = self._clock() if now is None else now
         if self.ended or len(digit) != 1 or digit not in DTMF_KEYS:
-            return
+            return None
+        grace, self._hash_until = self._hash_until, None
+        if digit == "#" and grace is not None and now <= grace:
+            return None  # the terminator of an entry already complete
         if closing := self._time_up():
-            for part in closing:
-                yield part
-            return
+            return KeyTurn(digit, closing)
         slot = self.profile.slots[self._pending] if self._pending else None
         if slot is not None and slot.kind == "digits":
             if digit == "*":
-                self._keys = ""
-                return
+                self._keys, self._key_at = "", None
+                return None
             if digit != "#":
                 self._keys += digit
+                self._key_at = now
                 if len(self._keys) < slot.max_length:
-                    return
-            value, self._keys = self._keys, ""
-            if not value:
-                return
-            self.transcript.append(("caller", f"(keypad {value})"))
-            ok = slot.min_length <= len(value) <= slot.max_length
-            parts = self._fill(value) if ok else self._miss(slot.retry.render(self._vars))
-        elif slot is not None:  # yes_no: 1 = yes, 2 = no
+                    return None
+                self._hash_until = now + slot.digit_timeout_s
+                return self._entry(slot, "length")
+            return self._entry(slot, "#") if self._keys else None
+        if slot is not None:  # yes_no: 1 = yes, 2 = no
             self.transcript.append(("caller", f"(keypad {digit})"))
             answer = {"1": "yes", "2": "no"}.get(digit)
             parts = self._fill(answer) if answer else self._miss(slot.retry.render(self._vars))
-        elif digit == "#":
-            return
         else:
-            self.transcript.append(("caller", f"(keypad {digit})"))
             intent = next((i for i in self.profile.intents if i.dtmf == digit), None)
+            if intent is None and digit in "#*ABCD":
+                return None  # not a menu choice: nothing a caller meant to answer
+            self.transcript.append(("caller", f"(keypad {digit})"))
             parts = self._begin(intent, ()) if intent else self._miss(None)
         self.turns += 1
-        for part in parts + self._after_turn():
-            yield part
+        return KeyTurn(digit, parts + self._after_turn())
+
+    def keypad_deadline(self) -> float | None:
+        """When the unfinished keypad entry times out (``digit_timeout_s`` after its last
+        key), on the engine's clock; None when no entry is open."""
+        slot = self.profile.slots[self._pending] if self._pending else None
+        if slot is None or slot.kind != "digits" or not self._keys or self._key_at is None:
+            return None
+        return self._key_at + slot.digit_timeout_s
+
+    def keypad_timeout(self, now: float | None = None) -> KeyTurn | None:
+        """Call now and then (every tick): the entry's turn once its deadline has passed
+        (a shorter entry than ``min_length`` gets the slot's retry)."""
+        deadline = self.keypad_deadline()
+        now = self._clock() if now is None else now
+        if deadline is None or now < deadline or self.ended:
+            return None
+        assert self._pending is not None
+        return self._entry(self.profile.slots[self._pending], "timeout")
+
+    def _entry(self, slot: SlotSpec, ended_by: str) -> KeyTurn:
+        """A digits slot's keypad entry is over: fill the slot, or say its retry."""
+        value, self._keys, self._key_at = self._keys, "", None
+        self.transcript.append(("caller", f"(keypad {value})"))
+        ok = slot.min_length <= len(value) <= slot.max_length
+        parts = self._fill(value) if ok else self._miss(slot.retry.render(self._vars))
+        self.turns += 1
+        return KeyTurn(value, parts + self._after_turn(), ended_by)
 
     # -- rules -------------------------------------------------------------------------
 
@@ -336,7 +381,8 @@ class DialogueEngine:
 
     def _begin(self, intent: Intent, words: Sequence[str]) -> list[ReplyPart]:
         """Start an intent; digits already said ("where is order 12345") fill its slots."""
-        self._intent, self._filled, self._pending, self._keys = intent, {}, None, ""
+        self._intent, self._filled, self._pending = intent, {}, None
+        self._keys, self._key_at = "", None
         for name in intent.slots:
             slot = self.profile.slots[name]
             if slot.kind == "digits" and (v := _slot_value(slot, words)) is not None:
@@ -345,6 +391,7 @@ class DialogueEngine:
 
     def _fill(self, value: str) -> list[ReplyPart]:
         assert self._pending is not None
+        self._keys, self._key_at = "", None  # (a spoken answer ends a half-typed entry)
         self._filled[self._pending] = value
         self._pending = None
         return self._proceed()
