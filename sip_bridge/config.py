@@ -21,6 +21,7 @@ from sip_bridge.config_sections import (
     build_model_fault,
     build_speech_model,
     build_tls,
+    build_transfer,
     build_voice,
 )
 from sip_bridge.config_types import (
@@ -44,6 +45,7 @@ from sip_bridge.config_types import (
     SpeechModelConfig,
     TimersConfig,
     TlsConfig,
+    TransferConfig,
     _check_hostport,
     _check_port_range,
     _choice,
@@ -75,6 +77,7 @@ __all__ = [
     "SpeechModelConfig",
     "TimersConfig",
     "TlsConfig",
+    "TransferConfig",
     "load_config",
     "parse_config_text",
     "parse_hostport",
@@ -177,6 +180,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "max_sessions": (int,),
         "token_ttl_s": (int, float),
     },
+    "transfer": {"timeout_s": (int, float), "hold_audio": (str,)},
     "trunks": {},  # an array of tables: checked by sip_bridge.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.routes
 }
@@ -378,6 +382,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             line = entry_key_line(text, "routes", i, "agent")
             raise ConfigError(p, line, f"routes[{i + 1}].agent", "needs [agent.playback] file")
     http = build_http(data.get("http", {}), text, p)
+    transfer = build_transfer(data.get("transfer", {}), text, p)
     models = ModelSettings(**data.get("models", {}))
     _choice(models.device, DEVICES, text, p, "models.device")
     for key in ("threads", "workers"):
@@ -398,6 +403,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         metrics=metrics,
         mqtt=mqtt,
         http=http,
+        transfer=transfer,
         inbound=inbound,
         control=control,
         path=p,

@@ -115,6 +115,11 @@ MEANINGS: dict[str, str] = {
     "mqtt.password_env": "environment variable holding the password",
     "mqtt.spool_dir": "events wait here while the broker is away",
     "mqtt.keepalive_s": "MQTT keepalive, 5..3600 s",
+    "transfer.timeout_s": "a transfer (REFER) with no final report this long after it is sent"
+    " has failed: the agent takes the caller back (`transfer_failed`), 1..300 s",
+    "transfer.hold_audio": "what the caller hears while the target rings: a 16-bit WAV"
+    " (8-48 kHz, looped), relative to the file; empty: ringback (440+480 Hz, 2 s on, 4 s off);"
+    " a profile's `[transfer] hold_audio` comes first",
     "trunks.name": "required, unique: logs, status, records, routes",
     "trunks.registrar": "`host[:port]` or URI to register at; empty: no registration",
     "trunks.username": "user part of our address-of-record (often the DID)",
@@ -157,6 +162,7 @@ _CLASS: dict[str, type] = {
     "models": ModelSettings, "inbound": c.InboundConfig, "control": c.ControlConfig,
     "node": c.NodeConfig, "records": c.RecordsConfig, "metrics": c.MetricsConfig,
     "mqtt": c.MqttConfig, "http": c.HttpConfig, "trunks": TrunkConfig, "routes": RouteConfig,
+    "transfer": c.TransferConfig,
     "agent.echo": c.AgentConfig, "agent.tone": c.AgentConfig, "agent.playback": c.AgentConfig,
 }  # fmt: skip
 

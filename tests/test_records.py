@@ -97,7 +97,7 @@ def test_schema_wal_and_version(db: Path) -> None:
     assert db.is_file()  # the data directory was created
     assert store.journal_mode == "wal"
     assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
-    assert store.schema_version == SCHEMA_VERSION == 1
+    assert store.schema_version == SCHEMA_VERSION == 2
     store.close()
     raw = sqlite3.connect(db)
     cols = {
@@ -108,13 +108,57 @@ def test_schema_wal_and_version(db: Path) -> None:
         "call_id", "node", "trunk", "caller", "callee", "agent", "started_at", "answered_at",
         "ended_at", "duration_s", "outcome", "end_reason", "codec", "remote", "packets_in",
         "packets_out", "jitter_ms", "loss_pct", "jb_delay_ms", "late_frames", "setup_ms",
+        "dead_air_max_ms", "dead_air_total_ms",
     ]  # fmt: skip
     assert cols["turns"] == ["call_id", "idx", "at", "caller_text", "agent_text", "timings"]
     assert cols["events"] == ["call_id", "at", "kind", "data"]
-    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
+    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
     assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # persistent
     raw.close()
     CallRecords(db).close()  # reopening an existing store works and keeps the version
+
+
+V1_CALLS = """CREATE TABLE calls (
+    call_id TEXT PRIMARY KEY, node TEXT, trunk TEXT, caller TEXT, callee TEXT, agent TEXT,
+    started_at REAL NOT NULL, answered_at REAL, ended_at REAL, duration_s REAL,
+    outcome TEXT, end_reason TEXT, codec TEXT, remote TEXT,
+    packets_in INTEGER, packets_out INTEGER, jitter_ms REAL, loss_pct REAL,
+    jb_delay_ms REAL, late_frames INTEGER, setup_ms REAL)"""
+
+
+def _v1_store(db: Path) -> None:
+    """A store as the version-1 bridge left it, with one call."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    raw = sqlite3.connect(db)
+    raw.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '1');"
+        f"{V1_CALLS};"
+        "CREATE TABLE turns (call_id TEXT NOT NULL, idx INTEGER NOT NULL, at REAL NOT NULL,"
+        " caller_text TEXT, agent_text TEXT, timings TEXT, PRIMARY KEY (call_id, idx));"
+        "CREATE TABLE events (call_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL,"
+        " data TEXT);"
+        "INSERT INTO calls (call_id, started_at, outcome) VALUES ('old-call', 1.0, 'answered');"
+    )
+    raw.commit()
+    raw.close()
+
+
+def test_a_version_1_store_reads_as_it_is_and_gains_the_dead_air_columns(db: Path) -> None:
+    _v1_store(db)
+    ro = CallRecords(db, readonly=True)  # a reader never changes it: NULLs stand in
+    old = ro.show("old-call")
+    assert old is not None and old["stats"]["dead_air_max_ms"] is None
+    ro.close()
+    store = CallRecords(db)  # a bridge opening it migrates it, keeping its calls
+    assert store.schema_version == 2
+    assert store.call_ended("new-call", outcome="answered", dead_air=(812.5, 1460.0))
+    new = store.show("new-call")
+    assert new is not None and new["stats"]["dead_air_max_ms"] == 812.5
+    assert new["stats"]["dead_air_total_ms"] == 1460.0
+    assert store.show("old-call") is not None
+    store.close()
+    CallRecords(db).close()  # again: nothing left to migrate
 
 
 def test_a_whole_call_round_trips(db: Path) -> None:
