@@ -11,9 +11,9 @@ silence from the end of the input to the first audio, then every silent stretch 
 PAUSE_S or more up to the last audio of the step's answer (shorter ones are pauses
 inside speech); the silence after that is the caller's floor (the agent asked or
 answered, the caller speaks next) and is not counted. A frame is audio when its level is
-over -45 dBFS (the wire caller's speech threshold); the off-time of a ringback cadence
-(silence between two ringback bursts: runs of 200 ms or more of 440+480 Hz) is part of
-the ringback signal, not dead air.
+over -45 dBFS (the wire caller's speech threshold); after a ringback burst (a run of 200 ms
+or more of 440+480 Hz) the cadence's off time, up to 4 s, is part of the ringback signal,
+not dead air.
 
     .venv/bin/python bench/dead_air.py [--runs 1] [--out bench/out/dead_air.json]
 
@@ -36,9 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared test peers
+from line_tones import ringback_frames
 from sipp_runner import free_port, start_sipp
 from wire_caller import SPEECH_DBFS, WireCaller, espeak
 
@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
 FRAME_S = 0.02
 PAUSE_S = 0.3  # a shorter silence after the answer began is a pause in speech
+RINGBACK_OFF_S = 4.0  # ringback: 2 s on, 4 s off
 
 
 @dataclass(frozen=True)
@@ -70,35 +71,6 @@ FLOWS: dict[str, list[Step]] = {
 }
 
 
-def ringback_like(pcm: NDArray[np.int16]) -> bool:
-    """Most of the frame's energy at 440 and 480 Hz (the US ringback pair)."""
-    x = pcm.astype(np.float64)
-    total = float(np.dot(x, x))
-    if total <= 0:
-        return False
-    n = np.arange(x.size)
-    tone = 0.0
-    for f in (440.0, 480.0):
-        c = np.exp(-2j * np.pi * f * n / 8000)
-        tone += 2 * abs(np.dot(x, c)) ** 2 / x.size
-    return tone / total > 0.5
-
-
-def ringback_runs(flags: list[bool], run: int = 10) -> list[bool]:
-    """Only runs of ``run`` or more ringback-like frames are ringback (speech has moments
-    near 440/480 Hz too)."""
-    out = [False] * len(flags)
-    i = 0
-    while i < len(flags):
-        j = i
-        while j < len(flags) and flags[j]:
-            j += 1
-        if j - i >= run:
-            out[i:j] = [True] * (j - i)
-        i = max(j, i + 1)
-    return out
-
-
 def gaps(frames: list[tuple[float, float, bool]], since: float) -> tuple[list[float], float]:
     """Silent stretches between ``since`` and the last audio frame, ringback cadence
     excluded: (gap lengths in s, time of the first audio frame or 0)."""
@@ -111,9 +83,10 @@ def gaps(frames: list[tuple[float, float, bool]], since: float) -> tuple[list[fl
     out.append(first - FRAME_S - since)  # the input's end to the first audio's arrival
     for a, b in itertools.pairwise(audible):
         gap = frames[b][0] - FRAME_S - frames[a][0]
-        if gap < PAUSE_S or (frames[a][2] and frames[b][2]):
-            continue  # a pause in speech, or a ringback cadence's off time
-        out.append(gap)
+        if frames[a][2]:  # after a ringback burst: its cadence's off time is ringback
+            gap -= RINGBACK_OFF_S
+        if gap >= PAUSE_S:  # (shorter: a pause in speech)
+            out.append(gap)
     return [round(g, 3) for g in out if g > 0], first
 
 
@@ -142,7 +115,7 @@ async def run_flow(
                 await asyncio.sleep(0.05)
             heard = caller.log.heard[mark:]
             rx = caller.log.received[mark:]
-            rb = ringback_runs([ringback_like(p) for p in heard])
+            rb = ringback_frames(heard)
             frames = [(t, db, r) for (t, db), r in zip(rx, rb, strict=True)]
             g, first = gaps(frames, end)
             pcm = np.concatenate(heard) if heard else np.zeros(0, np.int16)
