@@ -42,7 +42,7 @@ from agent.base import (
     TransferResult,
     TurnCompleted,
 )
-from agent.call_flow import CallFlow, phrase_for
+from agent.call_flow import CallFlow
 from agent.dialogue import DialogueEngine, Hangup, KeyTurn, ReplyPart, Say, SendDtmf, Transfer
 from agent.model_guard import ModelGuard
 from agent.profile import AgentProfile
@@ -192,7 +192,7 @@ class VoiceAgent(Agent):
         self.guard.bind(self._loop, self._on_fault)
         self.engine = self._engine_factory(self.profile, call)
         self.flow.start(time.monotonic())
-        self._prepare_filler()
+        self.flow.prepare_phrase(self.models.executor, self.models.synthesize, self.models)
         self._spawn(self._play_parts(_aiter(self.engine.greeting()), None))
 
     def on_audio(self, pcm: NDArray[np.int16]) -> None:
@@ -564,11 +564,11 @@ class VoiceAgent(Agent):
         )  # fmt: skip
         self._dead_air(gap)
         if audio is not None:
-            pcm, text = audio
-            self.playout.write_aside(pcm, text)
-            if self._drained is not None:
-                self._drained.clear()
-            self._out.write(pcm)
+            if not audio.background:  # a filler: heard like the reply (and cut with it)
+                self.playout.write_aside(audio.pcm, audio.text)
+                if self._drained is not None:
+                    self._drained.clear()
+            self._out.write(audio.pcm)
         if self.engine is not None and (turn := self.engine.keypad_timeout(now)) is not None:
             self._dead_air(self.flow.caller_acted(now))  # the entry ended now, not at its last key
             self._key_turn(turn, now)
@@ -576,23 +576,6 @@ class VoiceAgent(Agent):
     def _dead_air(self, gap: float | None) -> None:
         if gap is not None and self._out is not None:
             self._out.emit(DeadAir(round(1000 * gap, 1)))
-
-    def _prepare_filler(self) -> None:
-        """Synthesise the filler phrase now (once per process), so it is there in time."""
-        text = self.profile.filler.text
-        if not text:
-            return
-        models, flow = self.models, self.flow
-
-        def work() -> None:
-            try:
-                pcm = phrase_for(models, text, models.synthesize)
-            except Exception:  # no filler phrase: the tone fills instead
-                log.exception("filler phrase %r could not be synthesised", text)
-                return
-            flow.phrase = pcm
-
-        self.models.executor.submit(work)
 
     def _act(self, part: ReplyPart) -> None:
         out = self._out

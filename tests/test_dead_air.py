@@ -132,12 +132,13 @@ def _run(flow: CallFlow, n: int, t: float, **kw: bool) -> tuple[float, list[tupl
             t,
             played=played or kw.get("played", False),
             replying=kw.get("replying", False),
-            queued=queued > 0,
+            queued=queued > 0 or kw.get("queued", False),
             caller=kw.get("caller", False),
         )
         if audio is not None:
-            out.append((t, audio[1]))
-            queued += audio[0].size
+            out.append((t, audio.text))
+            if not audio.background:  # (ringback goes beside the reply queue)
+                queued += audio.pcm.size
     return t, out
 
 
@@ -170,8 +171,10 @@ def test_no_filler_before_the_phrase_is_ready_unless_a_tone_is_allowed() -> None
 def test_ringback_runs_every_tick_while_the_transfer_is_pending() -> None:
     flow = _flow(after_ms=500)
     flow.transfer_started()
-    t, played = _run(flow, 10, 0.0, played=True, replying=True)  # the reply: no ring yet
-    assert played == []
+    t, played = _run(flow, 10, 0.0, played=True, replying=True, queued=True)  # the reply
+    assert played == []  # no ring over it
+    t, played = _run(flow, 10, t, replying=True, caller=True)  # the caller talks: it rings on
+    assert len(played) == 10
     t, played = _run(flow, 400, t)  # 8 s of ringing, no gaps counted (the cadence is signal)
     assert len(played) == 400
     assert all(g <= 0.02 for g in flow.meter.gaps), flow.meter.gaps  # the tick before it

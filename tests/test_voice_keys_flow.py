@@ -61,6 +61,7 @@ async def test_order_number_typed_then_hash_is_answered_in_full() -> None:
         assert len(c.out.writes) == n and c.out.flushes == []  # typing: nothing said
         c.agent.on_event(DtmfEvent("1"))  # the 5th digit: the slot is complete
         await c.until(lambda: c.models.spoken[-1] == PACKED, "the answer's TTS")
+        await c.until(lambda: c.agent.playout.playing, "the answer's audio")
         await c.tick(8)  # the answer is playing ...
         assert c.agent.playout.playing
         c.agent.on_event(DtmfEvent("#"))  # ... when the caller presses hash as told
@@ -164,7 +165,8 @@ async def _transfer(c: Call) -> tuple[TransferRequest, int]:
     """Press 0 (the demo's "a person"), let the reply play: the REFER and its tick."""
     c.agent.on_event(DtmfEvent("0"))
     await c.until(lambda: c.models.spoken[-1] == PUT_THROUGH, "the reply's TTS")
-    for _ in range(_ticks(split_sentences(PUT_THROUGH)) + 20):
+    await c.until(lambda: c.agent.playout.playing, "the reply's audio")
+    for _ in range(_ticks(split_sentences(PUT_THROUGH)) + 200):  # (a slow TTS thread: later)
         asked = [(t, e) for t, e in c.out.of("emit") if isinstance(e, TransferRequest)]
         if asked:
             return asked[0][1], asked[0][0]
