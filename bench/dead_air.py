@@ -18,7 +18,9 @@ not dead air.
     .venv/bin/python bench/dead_air.py [--runs 1] [--out bench/out/dead_air.json]
 
 Prints JSON: per flow and step, the longest gap and the total, the keypad turn latency
-(the entry's last key packet -> first reply packet), and what was heard (ASR).
+(the key's release, its first RFC 4733 End packet -> first reply packet), and what was
+heard (ASR); per flow, the bridge's own figures from the call record (its dead-air meter,
+its keypad turns' `total`), where the bridge records them.
 """
 
 from __future__ import annotations
@@ -31,11 +33,13 @@ import os
 import sys
 import tempfile
 import time
+import wave
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared test peers
 from line_tones import ringback_frames
@@ -45,6 +49,7 @@ from wire_caller import SPEECH_DBFS, WireCaller, espeak
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config import DEMO_PROFILE, load_config
+from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,13 +95,24 @@ def gaps(frames: list[tuple[float, float, bool]], since: float) -> tuple[list[fl
     return [round(g, 3) for g in out if g > 0], first
 
 
+def _save(folder: Path | None, name: str, pcm: NDArray[np.int16]) -> None:
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with wave.open(str(folder / f"{name}.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(8000)
+        w.writeframes(pcm.astype("<i2").tobytes())
+
+
 async def run_flow(
-    server: BridgeServer, name: str, steps: list[Step], models: Any
+    server: BridgeServer, name: str, steps: list[Step], models: Any, save: Path | None = None
 ) -> dict[str, Any]:
     caller = WireCaller(server.uri, dtmf=True, transferee=True)
     await caller.connect(("127.0.0.1", server.port))
     rb: list[bool] = []
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         await caller.wait_speech(0.0, 15.0)  # the greeting
         await caller.wait_quiet(1.2, 30.0)
@@ -119,6 +135,7 @@ async def run_flow(
             frames = [(t, db, r) for (t, db), r in zip(rx, rb, strict=True)]
             g, first = gaps(frames, end)
             pcm = np.concatenate(heard) if heard else np.zeros(0, np.int16)
+            _save(save, f"{name}-{len(rows)}", pcm)
             text = await asyncio.to_thread(
                 models.asr.transcribe, Resampler(8000, 16000).process(pcm)
             )
@@ -143,6 +160,23 @@ async def run_flow(
     }
 
 
+def _agent_view(db: str) -> dict[str, Any]:
+    """The bridge's own figures for the call just made: its record's dead air (None from
+    a bridge that does not measure it) and its keypad turns' latency."""
+    records = CallRecords(db, readonly=True)
+    try:
+        call = records.show(records.list(limit=1)[0]["call_id"])
+    finally:
+        records.close()
+    assert call is not None
+    keyed = [t for t in call["turns"] if (t["timings"] or {}).get("input") == "keypad"]
+    return {
+        "dead_air_max_ms": call["stats"].get("dead_air_max_ms"),
+        "dead_air_total_ms": call["stats"].get("dead_air_total_ms"),
+        "keypad_turns": [[t["timings"]["keys"], t["timings"].get("total")] for t in keyed],
+    }
+
+
 def demo_copy(target: str, folder: Path) -> Path:
     """The shipped demo profile with its transfer target pointed at ``target``."""
     text = DEMO_PROFILE.read_text().replace("sip:agent@127.0.0.1:5070", target)
@@ -151,7 +185,7 @@ def demo_copy(target: str, folder: Path) -> Path:
     return path
 
 
-async def main(runs: int) -> dict[str, Any]:
+async def main(runs: int, save: Path | None = None) -> dict[str, Any]:
     port = free_port()
     target = f"sip:agent@127.0.0.1:{port}"
     with tempfile.TemporaryDirectory() as d:
@@ -163,6 +197,7 @@ async def main(runs: int) -> dict[str, Any]:
             http=replace(config.http, listen=""),
             rtp=replace(config.rtp, ports="33000-33999"),
             agent=replace(config.agent, voice_profile=str(profile)),
+            records=replace(config.records, enabled=True, db=str(Path(d) / "calls.sqlite")),
         )
         models, _ = prepare_agents(config)
         make_agent(config)
@@ -179,7 +214,9 @@ async def main(runs: int) -> dict[str, Any]:
                             timeout=90,
                         )  # fmt: skip
                     try:
-                        results.append(await run_flow(server, name, steps, models))
+                        results.append(await run_flow(server, name, steps, models, save))
+                        await asyncio.sleep(0.3)  # the record is closed with the call
+                        results[-1]["record"] = _agent_view(config.records.db)
                         print(json.dumps(results[-1]), file=sys.stderr)
                     finally:
                         if uas is not None:
@@ -217,8 +254,9 @@ def cli() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=1)
     p.add_argument("--out", type=Path, default=OUT / "dead_air.json")
+    p.add_argument("--save", type=Path, help="a folder for what the caller heard, per step")
     args = p.parse_args()
-    result = asyncio.run(main(args.runs))
+    result = asyncio.run(main(args.runs, args.save))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

@@ -48,7 +48,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2  # 2: dead-air columns (a version-1 store gets them when opened)
+# Columns added since are nullable and added to an older store when a bridge opens it
+# (an older bridge reads its own columns by name and ignores them): no new version.
+SCHEMA_VERSION = 1
 OUTCOMES = ("answered", "rejected", "cancelled", "failed", "interrupted")
 # "interrupted": in progress when the bridge died (kill -9, a crash); set at its next start
 # the caller's longest wait in silence and all of them (agent.dead_air); NULL: not measured
@@ -262,8 +264,8 @@ class CallRecords:
                 f"{self.path} has call-record schema {version}; this sip-bridge knows "
                 f"{SCHEMA_VERSION} (upgrade sip-bridge)"
             )
-        if version < 2 and create:  # a store an older bridge made: add the new columns
-            _migrate_to_2(db)
+        if create:  # a store an older bridge made: add the columns it lacks
+            _add_columns(db)
         cols = {r[1] for r in db.execute("PRAGMA table_info(calls)")}
         # read-only on an older store: the columns it lacks read as NULL
         self._fields = ", ".join(f if f in cols else f"NULL AS {f}" for f in CALL_FIELDS)
@@ -544,17 +546,17 @@ class CallRecords:
         }
 
 
-def _migrate_to_2(db: sqlite3.Connection) -> None:
-    """Version 1 -> 2 (the dead-air columns), once, even with two bridges opening it."""
+def _add_columns(db: sqlite3.Connection) -> None:
+    """The dead-air columns, on a store made before them (once, even with two bridges
+    opening it at the same time)."""
+    if set(DEAD_AIR_FIELDS) <= {r[1] for r in db.execute("PRAGMA table_info(calls)")}:
+        return
     db.execute("BEGIN IMMEDIATE")
     try:
-        row = db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()
-        if row is not None and row[0] == "1":
-            have = {r[1] for r in db.execute("PRAGMA table_info(calls)")}
-            for name in DEAD_AIR_FIELDS:
-                if name not in have:
-                    db.execute(f"ALTER TABLE calls ADD COLUMN {name} REAL")
-            db.execute("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+        have = {r[1] for r in db.execute("PRAGMA table_info(calls)")}
+        for name in DEAD_AIR_FIELDS:
+            if name not in have:
+                db.execute(f"ALTER TABLE calls ADD COLUMN {name} REAL")
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

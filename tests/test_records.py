@@ -97,7 +97,7 @@ def test_schema_wal_and_version(db: Path) -> None:
     assert db.is_file()  # the data directory was created
     assert store.journal_mode == "wal"
     assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
-    assert store.schema_version == SCHEMA_VERSION == 2
+    assert store.schema_version == SCHEMA_VERSION == 1
     store.close()
     raw = sqlite3.connect(db)
     cols = {
@@ -112,7 +112,7 @@ def test_schema_wal_and_version(db: Path) -> None:
     ]  # fmt: skip
     assert cols["turns"] == ["call_id", "idx", "at", "caller_text", "agent_text", "timings"]
     assert cols["events"] == ["call_id", "at", "kind", "data"]
-    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("2",)
+    assert raw.execute("SELECT value FROM meta WHERE key='schema_version'").fetchone() == ("1",)
     assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # persistent
     raw.close()
     CallRecords(db).close()  # reopening an existing store works and keeps the version
@@ -127,7 +127,7 @@ V1_CALLS = """CREATE TABLE calls (
 
 
 def _v1_store(db: Path) -> None:
-    """A store as the version-1 bridge left it, with one call."""
+    """A store as a bridge before the dead-air columns left it, with one call."""
     db.parent.mkdir(parents=True, exist_ok=True)
     raw = sqlite3.connect(db)
     raw.executescript(
@@ -144,21 +144,26 @@ def _v1_store(db: Path) -> None:
     raw.close()
 
 
-def test_a_version_1_store_reads_as_it_is_and_gains_the_dead_air_columns(db: Path) -> None:
+def test_an_older_store_reads_as_it_is_and_gains_the_dead_air_columns(db: Path) -> None:
     _v1_store(db)
     ro = CallRecords(db, readonly=True)  # a reader never changes it: NULLs stand in
     old = ro.show("old-call")
     assert old is not None and old["stats"]["dead_air_max_ms"] is None
     ro.close()
-    store = CallRecords(db)  # a bridge opening it migrates it, keeping its calls
-    assert store.schema_version == 2
+    store = CallRecords(db)  # a bridge opening it adds them, keeping its calls...
+    assert store.schema_version == 1  # ...and its version: an older bridge still opens it
     assert store.call_ended("new-call", outcome="answered", dead_air=(812.5, 1460.0))
     new = store.show("new-call")
     assert new is not None and new["stats"]["dead_air_max_ms"] == 812.5
     assert new["stats"]["dead_air_total_ms"] == 1460.0
     assert store.show("old-call") is not None
     store.close()
-    CallRecords(db).close()  # again: nothing left to migrate
+    CallRecords(db).close()  # again: nothing left to add
+    raw = sqlite3.connect(db)  # what an older bridge reads, by name, is all there
+    assert raw.execute(
+        "SELECT outcome, setup_ms FROM calls WHERE call_id = 'new-call'"
+    ).fetchone() == ("answered", None)
+    raw.close()
 
 
 def test_a_whole_call_round_trips(db: Path) -> None:

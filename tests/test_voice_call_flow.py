@@ -138,6 +138,7 @@ def test_keys_the_menu_ignores_then_an_order_number_typed_with_hash(config: Brid
     async def script(server: BridgeServer, c: WireCaller) -> dict[str, Any]:
         loop = asyncio.get_running_loop()
         start = await c.wait_speech(0.0, 15.0)
+        assert start is not None, "no greeting"
         await asyncio.sleep(max(0.0, start + 1.5 - loop.time()))
         await c.press_all("#*")
         greeting_end = await quiet(c)
