@@ -60,11 +60,20 @@ def phrase_for(
     with _lock:
         pcm = _phrases.get(key)
     if pcm is None:
-        pcm = synthesize(text)
+        pcm = _trimmed(synthesize(text))
         pcm.flags.writeable = False
         with _lock:
             _phrases[key] = pcm
     return pcm
+
+
+def _trimmed(pcm: NDArray[np.int16], floor: int = 100, keep: int = 80) -> NDArray[np.int16]:
+    """Without the TTS's leading and trailing silence (below ``floor``, about -50 dBFS;
+    ``keep`` samples of it stay): a filler must be heard the moment it is sent."""
+    loud = np.flatnonzero(np.abs(pcm.astype(np.int32)) > floor)
+    if loud.size == 0:
+        return pcm
+    return pcm[max(0, loud[0] - keep) : loud[-1] + 1 + keep].copy()
 
 
 class CallFlow:

@@ -136,8 +136,12 @@ async def run_flow(
             g, first = gaps(frames, end)
             pcm = np.concatenate(heard) if heard else np.zeros(0, np.int16)
             _save(save, f"{name}-{len(rows)}", pcm)
+            # from just before the first audio: Moonshine may hear nothing in audio that
+            # starts with seconds of silence
+            loud = [i for i, (_, db) in enumerate(rx) if db > SPEECH_DBFS]
+            lead = pcm[max(0, (loud[0] - 5) * 160) :] if loud else pcm
             text = await asyncio.to_thread(
-                models.asr.transcribe, Resampler(8000, 16000).process(pcm)
+                models.asr.transcribe, Resampler(8000, 16000).process(lead)
             )
             rows.append({
                 "input": step.say or f"keys {step.press}",

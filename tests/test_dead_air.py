@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.call_flow import CallFlow
+from agent.call_flow import CallFlow, phrase_for
 from agent.dead_air import DeadAirMeter
 from agent.hold_audio import LoopedAudio, Ringback, tone_pip
 from agent.profile import Filler
@@ -206,3 +206,19 @@ def test_hold_audio_loops_and_the_pip_is_short_and_soft() -> None:
     pip = tone_pip(440)
     assert pip.size == 1600 and abs(int(pip[0])) < 50 and abs(int(pip[-1])) < 50
     assert 20 * np.log10(np.sqrt(np.mean(pip.astype(np.float64) ** 2)) / 32768) < -24
+
+
+def test_the_filler_phrase_is_made_once_and_starts_with_its_first_sound() -> None:
+    made: list[str] = []
+
+    def synthesize(text: str) -> np.ndarray:
+        made.append(text)
+        return np.concatenate([np.zeros(800, np.int16), np.full(1600, 3000, np.int16),
+                               np.zeros(1200, np.int16)])  # fmt: skip
+
+    owner = object()
+    a = phrase_for(owner, "One moment.", synthesize)
+    b = phrase_for(owner, "One moment.", synthesize)
+    assert a is b and made == ["One moment."]  # once per process (per models) and text
+    assert a.size == 1600 + 2 * 80 and int(a[80]) == 3000  # 10 ms of its silences kept
+    assert not a.flags.writeable  # shared by every call
