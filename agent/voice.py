@@ -254,6 +254,8 @@ class VoiceAgent(Agent):
         if self.engine is None:
             return
         if isinstance(event, DtmfEvent):
+            if self.paused:  # a person has the call: the key is theirs (the bridge logs it)
+                return
             now = time.monotonic()
             self._dead_air(self.flow.caller_acted(now))
             self._key(event.digit, now)

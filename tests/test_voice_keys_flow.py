@@ -25,7 +25,15 @@ from test_voice_agent import (
     aio,
 )
 
-from agent.base import DtmfEvent, HangupEvent, TransferRequest, TransferResult, TurnCompleted
+from agent.base import (
+    DtmfEvent,
+    HangupEvent,
+    PauseAgent,
+    ResumeAgent,
+    TransferRequest,
+    TransferResult,
+    TurnCompleted,
+)
 from agent.profile import Filler
 from agent.sentences import split_sentences
 
@@ -256,3 +264,17 @@ async def test_the_caller_hanging_up_on_dead_air_is_counted() -> None:
         ((_, ms),) = c.out.dead_air
         assert 1100 < ms < 2500, ms
         c.models.release.set()
+
+
+@aio
+async def test_keys_while_an_operator_has_the_call_are_not_the_agents() -> None:
+    async with Call() as c:
+        c.agent.on_event(PauseAgent())
+        n = len(c.out.writes)
+        c.agent.on_event(DtmfEvent("1"))
+        await c.tick(20)
+        assert len(c.out.writes) == n and _turns(c) == [] and c.agent.engine is not None
+        assert c.agent.engine.turns == 0
+        c.agent.on_event(ResumeAgent())
+        c.agent.on_event(DtmfEvent("1"))
+        await c.until(lambda: c.models.spoken[-1] == HOURS, "the hours' TTS")
