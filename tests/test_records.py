@@ -459,7 +459,8 @@ def test_cli_list_table_and_json(db: Path) -> None:
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].split() == [
-        "started", "call", "id", "outcome", "duration", "caller", "callee", "trunk", "reason",
+        "started", "call", "id", "outcome", "duration", "dead", "air", "caller", "callee",
+        "trunk", "reason",
     ]  # fmt: skip
     assert "rejected-1" in lines[1] and "rejected" in lines[1] and "503 busy" in lines[1]
     assert "a84b4c76e66710@pc33.example.com" in lines[2]
