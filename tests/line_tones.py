@@ -29,9 +29,10 @@ def ringback_like(pcm: NDArray[np.int16]) -> bool:
     return tone_share(pcm, RINGBACK_HZ) > 0.5
 
 
-def ringback_frames(frames: list[NDArray[np.int16]], run: int = 10) -> list[bool]:
+def ringback_frames(frames: list[NDArray[np.int16]], run: int = 10, edge: int = 2) -> list[bool]:
     """Which frames are ringback: runs of ``run`` (200 ms) or more ringback-like frames
-    (speech has moments near 440/480 Hz too)."""
+    (speech has moments near 440/480 Hz too), and ``edge`` frames either side of a run (a
+    burst's first and last frames, part tone and part silence, may not look like it)."""
     flags = [ringback_like(f) for f in frames]
     out = [False] * len(flags)
     i = 0
@@ -40,6 +41,8 @@ def ringback_frames(frames: list[NDArray[np.int16]], run: int = 10) -> list[bool
         while j < len(flags) and flags[j]:
             j += 1
         if j - i >= run:
-            out[i:j] = [True] * (j - i)
+            out[max(0, i - edge) : j + edge] = [True] * (
+                min(len(flags), j + edge) - max(0, i - edge)
+            )
         i = max(j, i + 1)
     return out
