@@ -135,11 +135,13 @@ class CallFlow:
         if not owed:
             self._said = False
         if self.transfer_pending and not queued:
+            size = FRAME
             if self.hold is None:
                 pcm = self._hold_audio
                 self.hold = LoopedAudio(pcm) if pcm is not None else Ringback()
+                size = 2 * FRAME  # a frame ahead: a late tick must not leave a gap in it
             self._rang = True
-            return Play(self.hold.next_frame(FRAME), background=True), gap
+            return Play(self.hold.next_frame(size), background=True), gap
         if owed and not queued and self.meter.waiting(now) >= self.filler.after_ms / 1000:
             return self._filler(), gap
         return None, gap

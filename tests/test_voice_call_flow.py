@@ -75,7 +75,11 @@ def config(tmp_path_factory: pytest.TempPathFactory, target_port: int) -> Bridge
 
 
 async def transcribe(config: BridgeConfig, pcm8k: NDArray[np.int16]) -> str:
+    """What a listener hears in ``pcm8k``, from just before its first sound (Moonshine may
+    return nothing for audio that opens with seconds of silence)."""
     models, _ = prepare_agents(config)
+    loud = np.flatnonzero(np.abs(pcm8k.astype(np.int32)) > 300)  # ~ -40 dBFS
+    pcm8k = pcm8k[max(0, int(loud[0]) - 800) :] if loud.size else pcm8k
     pcm16k = Resampler(8000, 16000).process(pcm8k)
     return (await asyncio.to_thread(models.asr.transcribe, pcm16k)).lower()
 
