@@ -22,6 +22,7 @@ __all__ = [
     "AgentEvent",
     "AgentOutput",
     "CallInfo",
+    "DeadAir",
     "DtmfEvent",
     "HangupEvent",
     "ModelFault",
@@ -73,7 +74,7 @@ class TransferRequest:
 # A string: TransferResult is defined at the end of the module.
 AgentEvent: TypeAlias = (
     "DtmfEvent | HangupEvent | TransferRequest | TransferResult | TurnCompleted | SayText"
-    " | PauseAgent | ResumeAgent | ModelFault"
+    " | PauseAgent | ResumeAgent | ModelFault | DeadAir"
 )
 
 
@@ -140,12 +141,24 @@ class TurnCompleted:
     """From the agent: one caller turn answered, or cut short by the caller (barge-in), for
     call records, metrics and events. ``agent_text`` is what was played, not what was
     planned; ``stages_ms``: end_of_turn, asr_tail, dialogue, tts_first_audio (those that
-    happened)."""
+    happened). A keypad turn (``input`` "keypad") has ``keys``, what the caller keyed (a
+    slot entry's digits or a menu key), and ``stages_ms``: dialogue, tts_first_audio and
+    total (the turn's last key -> its first reply audio)."""
 
     caller_text: str
     agent_text: str
     stages_ms: dict[str, float]
     barged_in: bool = False
+    input: Literal["speech", "keypad"] = "speech"
+    keys: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadAir:
+    """From the agent: the caller waited ``gap_ms`` in silence for us (one gap of dead
+    air, as :mod:`agent.dead_air` defines it), for records, metrics and the console."""
+
+    gap_ms: float
 
 
 @dataclass(frozen=True, slots=True)

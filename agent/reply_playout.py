@@ -34,6 +34,7 @@ class ReplyPlayout:
         self._offset = 0  # samples of _audio[0] already played
         self.written = 0  # samples written since the last reset
         self.head = 0  # samples played since the last reset
+        self.last_played = 0  # samples the last tick played (0: silence went out)
         self._sentences: list[_Sentence] = []
         self._reported = 0  # sentences already handed out by take_heard()
 
@@ -57,6 +58,23 @@ class ReplyPlayout:
         if self._sentences:
             self._sentences[-1].end = self.written
 
+    def write_aside(self, pcm: NDArray[np.int16], text: str = "") -> None:
+        """Audio that is not part of the reply being written: a filler saying ``text``, or
+        a tone (``text`` ""). It gets a sentence of its own, ahead of a reply sentence
+        announced whose audio is not here yet (that one's audio comes after it)."""
+        if not pcm.size:
+            return
+        waiting = self._sentences.pop() if self._sentences and self._open_last() else None
+        self._sentences.append(_Sentence(text, self.written, self.written + pcm.size))
+        self._audio.append(pcm)
+        self.written += pcm.size
+        if waiting is not None:
+            self._sentences.append(_Sentence(waiting.text, self.written, self.written))
+
+    def _open_last(self) -> bool:
+        s = self._sentences[-1]
+        return s.end == s.start == self.written and len(self._sentences) > self._reported
+
     def advance(self, n: int) -> float:
         """One tick of ``n`` samples went out; returns their RMS (0 when nothing played)."""
         energy = 0.0
@@ -73,6 +91,7 @@ class ReplyPlayout:
                 self._audio.popleft()
                 self._offset = 0
         self.head += played
+        self.last_played = played
         return (energy / played) ** 0.5 if played else 0.0
 
     def take_heard(self) -> str:
@@ -84,7 +103,7 @@ class ReplyPlayout:
             if s.end > self.head or (i == last and s.end == s.start):
                 break  # still playing, or announced and its audio not here yet
             self._reported = i + 1
-            if s.end > s.start:  # a sentence without audio was not heard
+            if s.end > s.start and s.text:  # a sentence without audio was not heard
                 done.append(s.text)
         return " ".join(done)
 

@@ -31,6 +31,7 @@ from agent.base import (
     AgentEvent,
     AgentOutput,
     CallInfo,
+    DeadAir,
     DtmfEvent,
     HangupEvent,
     ModelFault,
@@ -41,7 +42,8 @@ from agent.base import (
     TransferResult,
     TurnCompleted,
 )
-from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, SendDtmf, Transfer
+from agent.call_flow import CallFlow
+from agent.dialogue import DialogueEngine, Hangup, KeyTurn, ReplyPart, Say, SendDtmf, Transfer
 from agent.model_guard import ModelGuard
 from agent.profile import AgentProfile
 from agent.reply_playout import ReplyPlayout
@@ -81,10 +83,21 @@ class TurnTiming:
     # dialogue and TTS may be done before turn_end
     heard: list[str] = field(default_factory=list)  # what of the reply was played
     reported: bool = False  # a TurnCompleted went out
+    keys: str = ""  # a keypad turn: what the caller keyed (turn_end: its last key)
 
     def stages_ms(self) -> dict[str, float]:
-        """The stages that happened, in ms (as bench/turn_latency.py splits a turn)."""
+        """The stages that happened, in ms (as bench/turn_latency.py splits a turn); a
+        keypad turn's: dialogue, tts_first_audio and total (last key -> first reply audio)."""
         out: dict[str, float] = {}
+        if self.keys:
+            for name, a, b in (
+                ("dialogue", self.turn_end, self.reply_ready),
+                ("tts_first_audio", self.reply_ready, self.tts_first),
+                ("total", self.turn_end, self.first_write),
+            ):
+                if a and b:
+                    out[name] = round(max(0.0, 1000 * (b - a)), 1)
+            return out
         for name, a, b in (
             ("end_of_turn", self.speech_end, self.turn_end),
             ("asr_tail", self.turn_end, self.asr_done),
@@ -109,9 +122,12 @@ class VoiceAgent(Agent):
         *,
         engine_factory: Callable[[AgentProfile, CallInfo], DialogueEngine] | None = None,
         model_timeout_s: float = 10.0,
+        hold_audio: NDArray[np.int16] | None = None,
     ) -> None:
         """``model_timeout_s``: a model run still going after this long is a
-        :class:`ModelFault` of the call, as is one that raises (0: no time limit)."""
+        :class:`ModelFault` of the call, as is one that raises (0: no time limit).
+        ``hold_audio``: what a caller hears while a transfer rings (8 kHz, looped;
+        None: ringback)."""
         self.models = models
         self.profile = profile
         # barge-in is the profile's to shape (a menu may want it off, a chatty agent longer)
@@ -138,6 +154,8 @@ class VoiceAgent(Agent):
         self._stt = models.transcriber(self.guard.executor("asr"))
         self._eot = models.end_of_turn(self.settings, self.guard.executor("turn"))
         self.playout = ReplyPlayout()
+        # dead air, fillers and transfer ringback: what the caller hears between replies
+        self.flow = CallFlow(profile.filler, hold_audio)
         self._tick = 0
         self._user_speaking = False  # VAD's window-by-window decision
         self._confirmed = False  # the segmenter's: speech that lasted (not a click)
@@ -173,6 +191,8 @@ class VoiceAgent(Agent):
         self._drained.set()
         self.guard.bind(self._loop, self._on_fault)
         self.engine = self._engine_factory(self.profile, call)
+        self.flow.start(time.monotonic())
+        self.flow.prepare_phrase(self.models.executor, self.models.synthesize, self.models)
         self._spawn(self._play_parts(_aiter(self.engine.greeting()), None))
 
     def on_audio(self, pcm: NDArray[np.int16]) -> None:
@@ -183,6 +203,7 @@ class VoiceAgent(Agent):
                 self._interrupt_with(closing)
         now = time.monotonic()
         rms = self.playout.advance(pcm.size)
+        self._flow_tick(now)
         self._ref.append(rms * rms)  # our frame energies, and the caller's:
         self._heard.append(float(np.mean(pcm.astype(np.float64) ** 2)))
         if self._drained is not None and not self.playout.playing:
@@ -232,19 +253,21 @@ class VoiceAgent(Agent):
         self.events.append(event)
         if self.engine is None:
             return
-        if isinstance(event, DtmfEvent):  # a key stops the reply, like speech does
-            self._drop_speculation()
-            if self._busy:
-                self._barge_in()
-            self._busy = True
-            self._spawn(self._play_parts(self.engine.on_dtmf(event.digit), None))
+        if isinstance(event, DtmfEvent):
+            if self.paused:  # a person has the call: the key is theirs (the bridge logs it)
+                return
+            now = time.monotonic()
+            self._dead_air(self.flow.caller_acted(now))
+            self._key(event.digit, now)
         elif isinstance(event, TransferResult):
+            self.flow.transfer_ended()  # the ringback stops
             if event.outcome != "succeeded":
                 log.info("transfer to %s failed (%s)", event.target, event.status)
             back = self.engine.on_transfer_result(event.outcome == "succeeded")
             if back:
                 self._interrupt_with(back)
         elif isinstance(event, HangupEvent):
+            self._dead_air(self.flow.close(time.monotonic()))  # the caller hung up waiting
             self._cancel.set()
         elif isinstance(event, SayText):
             self._drop_speculation()
@@ -501,14 +524,67 @@ class VoiceAgent(Agent):
             return
         timing.reported = True
         self._out.emit(
-            TurnCompleted(timing.text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in)
-        )
+            TurnCompleted(
+                timing.text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in,
+                input="keypad" if timing.keys else "speech", keys=timing.keys,
+            )
+        )  # fmt: skip
+
+    # -- keys, fillers, ringback, dead air -------------------------------------------------
+
+    def _key(self, digit: str, now: float) -> None:
+        """A key that makes a turn (a menu key, the end of an entry) stops the reply, like
+        speech; a digit typed into an entry and a key the engine ignores do not. (Asked of a
+        fork first, so that what was heard of the reply is recorded before the key.)"""
+        assert self.engine is not None
+        if self._busy and self.engine.fork().press(digit, now) is not None:
+            self._drop_speculation()
+            self._barge_in()
+        turn = self.engine.press(digit, now)
+        if turn is not None:
+            self._key_turn(turn, now)
+
+    def _key_turn(self, turn: KeyTurn, now: float) -> None:
+        """A keypad turn (a menu key, a finished entry): answered like a spoken one."""
+        self._drop_speculation()
+        if self._busy:
+            self._barge_in()
+        timing = TurnTiming(speech_end=now, turn_end=now, reason=f"keypad {turn.ended_by}")
+        timing.text, timing.keys = f"(keypad {turn.keys})", turn.keys
+        self.turns.append(timing)
+        self._turn = timing
+        self._busy = True
+        self._spawn(self._play_parts(_aiter(turn.parts), timing))
+
+    def _flow_tick(self, now: float) -> None:
+        """Once per tick: dead air, a filler or ringback to play, a keypad entry's timeout."""
+        if self.paused or self.guard.fault is not None or self._out is None:
+            return
+        audio, gap = self.flow.tick(
+            now, played=self.playout.last_played > 0, replying=self._busy,
+            queued=self.playout.playing, caller=self._user_speaking,
+        )  # fmt: skip
+        self._dead_air(gap)
+        if audio is not None:
+            if not audio.background:  # a filler: heard like the reply (and cut with it)
+                self.playout.write_aside(audio.pcm, audio.text)
+                if self._drained is not None:
+                    self._drained.clear()
+            self._out.write(audio.pcm)
+        if self.engine is not None and (turn := self.engine.keypad_timeout(now)) is not None:
+            self._dead_air(self.flow.caller_acted(now))  # the entry ended now, not at its last key
+            self._key_turn(turn, now)
+
+    def _dead_air(self, gap: float | None) -> None:
+        if gap is not None and self._out is not None:
+            self._out.emit(DeadAir(round(1000 * gap, 1)))
 
     def _act(self, part: ReplyPart) -> None:
         out = self._out
         if out is None:
             return
         if isinstance(part, Transfer):
+            self.flow.transfer_started()  # ringback from the next tick, until the outcome
             out.emit(TransferRequest(part.target))
         elif isinstance(part, Hangup):
             out.hangup(part.reason or "agent said goodbye")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.base import TurnCompleted
+from agent.base import DeadAir, TurnCompleted
 from sip_bridge import call_events as ce
 from sip_bridge.config_types import parse_hostport
 from sip_bridge.records import media_summary
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from sip_bridge.mqtt_link import MqttLink
     from sip_bridge.records import CallRecords
 
-__all__ = ["CallFacts", "CallTelemetry", "EventSink", "hostport"]
+__all__ = ["CallFacts", "CallTelemetry", "DeadAirTally", "EventSink", "hostport"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,20 @@ class CallFacts:
 
 
 @dataclass
+class DeadAirTally:
+    """One call's dead air so far (agent.dead_air): its gaps, the longest, the total."""
+
+    gaps: int = 0
+    longest_ms: float = 0.0
+    total_ms: float = 0.0
+
+    def add(self, ms: float) -> None:
+        self.gaps += 1
+        self.longest_ms = max(self.longest_ms, ms)
+        self.total_ms = round(self.total_ms + ms, 1)
+
+
+@dataclass
 class CallTelemetry:
     node: str
     records: CallRecords | None = None
@@ -75,6 +89,8 @@ class CallTelemetry:
     mqtt: MqttLink | None = None  # events out, operator commands in
     # the last turns of each call in progress, for the operator console
     recent_turns: dict[str, deque[TurnCompleted]] = field(default_factory=dict)
+    # each call in progress whose agent measures it: dead air so far (console, records)
+    dead_air: dict[str, DeadAirTally] = field(default_factory=dict)
 
     async def open(
         self,
@@ -161,13 +177,21 @@ class CallTelemetry:
         if recent is None:
             recent = self.recent_turns[call_id] = deque(maxlen=RECENT_TURNS)
         recent.append(t)
+        keyed = {"input": t.input, "keys": t.keys} if t.input == "keypad" else {}
+        timings = {**t.stages_ms, "barged_in": t.barged_in, **keyed}
         if self.records is not None:
             self.records.turn(call_id, caller_text=t.caller_text, agent_text=t.agent_text,
-                              timings={**t.stages_ms, "barged_in": t.barged_in})  # fmt: skip
+                              timings=timings)  # fmt: skip
         if self.metrics is not None:
             self.metrics.turn(t.stages_ms)
         self._event(call_id, "turn", ce.turn(t.caller_text, t.agent_text, t.stages_ms,
-                                             t.barged_in))  # fmt: skip
+                                             t.barged_in, input=t.input, keys=t.keys))  # fmt: skip
+
+    def dead_air_gap(self, call_id: str, gap: DeadAir) -> None:
+        """The caller waited ``gap.gap_ms`` in silence (one gap): the call's tally, metrics."""
+        self.dead_air.setdefault(call_id, DeadAirTally()).add(gap.gap_ms)
+        if self.metrics is not None:
+            self.metrics.dead_air_gap(gap.gap_ms / 1000)
 
     def model_fault(self, call_id: str, stage: str, reason: str, action: str) -> None:
         """A model of the call's agent raised or hung: the timeline, the fault counter and
@@ -187,12 +211,18 @@ class CallTelemetry:
         self, c: CallFacts, outcome: str, reason: str, media: MediaStats | None = None
     ) -> None:
         self.recent_turns.pop(c.call_id, None)
+        tally = self.dead_air.pop(c.call_id, None)
         now = time.time()
         duration = now - c.answered if c.answered is not None else 0.0
+        dead = None if tally is None else (tally.longest_ms, tally.total_ms)
         if self.records is not None:
             self.records.call_ended(c.call_id, outcome=outcome, end_reason=reason, media=media,
-                                    at=now)  # fmt: skip
-        stats = media_summary(media) if media is not None else {}
+                                    dead_air=dead, at=now)  # fmt: skip
+        stats: dict[str, float | int] = media_summary(media) if media is not None else {}
+        if dead is not None:
+            stats |= {"dead_air_max_ms": dead[0], "dead_air_total_ms": dead[1]}
+            if self.metrics is not None:
+                self.metrics.call_dead_air(dead[0] / 1000)
         if self.metrics is not None:
             late = media.pacer_late_frames + media.pacer_skipped_frames if media else 0
             self.metrics.set_active(self.active())

@@ -120,6 +120,11 @@ MEANINGS: dict[str, str] = {
     " `call_id` on every line about a call)",
     "log.level": '`"debug"`, `"info"`, `"warning"` or `"error"`; `sip-bridge run -v`: at least'
     " info",
+    "transfer.timeout_s": "a transfer (REFER) with no final report this long after it is sent"
+    " has failed: the agent takes the caller back (`transfer_failed`), 1..300 s",
+    "transfer.hold_audio": "what the caller hears while the target rings: a 16-bit WAV"
+    " (8-48 kHz, looped), relative to the file; empty: ringback (440+480 Hz, 2 s on, 4 s off);"
+    " a profile's `[transfer] hold_audio` comes first",
     "trunks.name": "required, unique: logs, status, records, routes",
     "trunks.registrar": "`host[:port]` or URI to register at; empty: no registration",
     "trunks.username": "user part of our address-of-record (often the DID)",
@@ -162,7 +167,7 @@ _CLASS: dict[str, type] = {
     "models": ModelSettings, "inbound": c.InboundConfig, "control": c.ControlConfig,
     "node": c.NodeConfig, "records": c.RecordsConfig, "metrics": c.MetricsConfig,
     "mqtt": c.MqttConfig, "http": c.HttpConfig, "log": c.LogConfig, "trunks": TrunkConfig,
-    "routes": RouteConfig,
+    "routes": RouteConfig, "transfer": c.TransferConfig,
     "agent.echo": c.AgentConfig, "agent.tone": c.AgentConfig, "agent.playback": c.AgentConfig,
 }  # fmt: skip
 

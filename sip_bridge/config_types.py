@@ -42,6 +42,7 @@ __all__ = [
     "SpeechModelConfig",
     "TimersConfig",
     "TlsConfig",
+    "TransferConfig",
     "is_file",
     "parse_hostport",
     "parse_port_range",
@@ -167,6 +168,16 @@ class AgentConfig:
 
 
 @dataclass(frozen=True)
+class TransferConfig:
+    """[transfer]: blind transfers (REFER) the agents ask for."""
+
+    # no final report (NOTIFY) this long after the REFER: the transfer failed, the agent
+    # takes the caller back (the REFER's own Timer F, 32 s, would be later)
+    timeout_s: float = 20.0
+    hold_audio: str = ""  # a WAV looped while the target rings; "": ringback tone
+
+
+@dataclass(frozen=True)
 class InboundConfig:
     """INVITE rate limit per source not owned by an IP-authenticated trunk (token bucket);
     rate_per_s = 0 turns it off."""
@@ -279,6 +290,7 @@ class BridgeConfig:
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
     path: str = "<defaults>"
 
     def for_route(self, route: RouteConfig | None) -> BridgeConfig:

@@ -20,6 +20,7 @@ from agent.base import (
     Agent,
     AgentEvent,
     CallInfo,
+    DeadAir,
     DtmfEvent,
     HangupEvent,
     ModelFault,
@@ -175,6 +176,7 @@ class BridgeServer:
             now,
             tls_port=tls[1] if tls else None,
             admit=self.policy,
+            transfer_timeout_s=self.config.transfer.timeout_s,
         )
         self.ua.silenced = self.policy.silenced
         self._schedule()
@@ -284,6 +286,7 @@ class BridgeServer:
             self.policy = self.ua.admit = policy
             self.ua.silenced = policy.silenced
             self.ua.config = merged.sip
+            self.ua.transfer_timeout_s = merged.transfer.timeout_s  # for the next REFER
         return kept
 
     @property
@@ -549,6 +552,8 @@ class BridgeServer:
     def _agent_event(self, call_id: str, event: AgentEvent) -> None:
         if isinstance(event, TurnCompleted):
             self.telemetry.turn(call_id, event)
+        elif isinstance(event, DeadAir):
+            self.telemetry.dead_air_gap(call_id, event)
         elif isinstance(event, HangupEvent):
             self._hangup(call_id, event.reason or "agent hung up")
         elif isinstance(event, ModelFault):

@@ -31,7 +31,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from agent.base import AgentEvent, ModelFault, TurnCompleted
+from agent.base import AgentEvent, DeadAir, ModelFault, TurnCompleted
 from sip_bridge.agents import take_over
 from sip_bridge.call_events import Command, Hangup, Transfer
 from sip_bridge.call_telemetry import CallFacts
@@ -286,6 +286,8 @@ class WebServer:
         telemetry = self.bridge.telemetry
         if isinstance(event, TurnCompleted):
             telemetry.turn(session.call.call_id, event)
+        elif isinstance(event, DeadAir):
+            telemetry.dead_air_gap(session.call.call_id, event)
         elif isinstance(event, ModelFault) and not session.faulted:
             session.faulted = True  # as for a SIP call: the fallback prompt, then hang up
             log.error("browser session %s: model fault in %s (%s): fallback prompt", session.id,

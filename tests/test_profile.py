@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.profile import ProfileError, load_profile, parse_template
@@ -154,6 +156,21 @@ def test_templates_escape_braces_and_spell_digits() -> None:
         ('[llm]\nbase_url = "http://h:1"\n', 10, "llm.model", "is required"),
         ("[voice]\nlength_scale = 5\n", 11, "voice.length_scale", "must be 0.5..2"),
         ("[data.orders]\nx = 1\n", 11, "data.orders.x", "row table"),
+        (
+            '[slots.s]\ntype = "digits"\nprompt = "?"\ndigit_timeout_s = 0.5\n',
+            13,
+            "slots.s.digit_timeout_s",
+            "must be 1..30",
+        ),
+        (
+            '[slots.s]\ntype = "yes_no"\nprompt = "?"\ndigit_timeout_s = 3\n',
+            13,
+            "slots.s.digit_timeout_s",
+            "only a digits slot",
+        ),
+        ('[transfer]\nhold_music = "x.wav"\n', 11, "transfer.hold_music", "unknown key"),
+        ('[transfer]\nhold_audio = "nope.wav"\n', 11, "transfer.hold_audio", "no such file"),
+        ('[transfer]\nhold_audio = "agent.toml"\n', 11, "transfer.hold_audio", "not a playable"),
     ],
 )
 def test_mistakes_name_file_line_and_key(
@@ -166,6 +183,49 @@ def test_mistakes_name_file_line_and_key(
     assert (e.path, e.line, e.key) == (str(p), line, key), str(e)
     assert words in str(e)
     assert str(e).startswith(f"{p}:{line}: {key}: ")
+
+
+@pytest.mark.parametrize(
+    ("agent_line", "key", "words"),
+    [
+        ("filler_after_ms = 2000", "agent.filler_after_ms", "must be 200..1300"),
+        ('filler_after_ms = "1s"', "agent.filler_after_ms", "expected int"),
+        ("filler_tone_hz = 50", "agent.filler_tone_hz", "100..3400"),
+        ('filler = "' + "One moment please " * 6 + '"', "agent.filler", "at most 80"),
+        ("filler = 3", "agent.filler", "expected str"),
+    ],
+)
+def test_filler_mistakes_name_the_line(
+    tmp_path: Path, agent_line: str, key: str, words: str
+) -> None:
+    p = _write(tmp_path, MINIMAL.replace("[agent]\n", f"[agent]\n{agent_line}\n"))
+    with pytest.raises(ProfileError) as err:
+        load_profile(p)
+    assert (err.value.line, err.value.key) == (2, key), str(err.value)
+    assert words in str(err.value)
+
+
+def test_filler_digit_timeout_and_hold_audio_are_read(tmp_path: Path) -> None:
+    wav = tmp_path / "hold.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(np.zeros(1600, "<i2").tobytes())
+    text = MINIMAL.replace(
+        "[agent]\n", '[agent]\nfiller = "Just a   second."\nfiller_tone_hz = 0\n'
+    ) + (
+        '[slots.pin]\ntype = "digits"\nprompt = "PIN?"\nmin_length = 4\nmax_length = 6\n'
+        'digit_timeout_s = 4.5\n[transfer]\nhold_audio = "hold.wav"\n'
+    )
+    prof = load_profile(_write(tmp_path, text))
+    assert prof.filler.text == "Just a second." and prof.filler.tone_hz == 0
+    assert prof.filler.after_ms == 1000 and prof.filler.enabled
+    assert prof.slots["pin"].digit_timeout_s == 4.5
+    assert prof.transfer.hold_audio == str(wav)
+    plain = load_profile(_write(tmp_path, MINIMAL))  # the defaults
+    assert plain.filler.text == "One moment." and plain.filler.tone_hz == 440
+    assert plain.transfer.hold_audio == ""
 
 
 def test_lookup_mistakes(tmp_path: Path) -> None:

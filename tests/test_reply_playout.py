@@ -189,3 +189,29 @@ def test_cut_between_a_sentence_start_and_its_audio_does_not_claim_it_was_heard(
     p.advance(320)  # the first sentence has been heard
     p.begin_sentence("Here is the second sentence.")  # its audio is still being made
     assert p.cut() == "Thanks for calling."
+
+
+def test_a_filler_written_aside_plays_before_a_sentence_still_being_synthesised() -> None:
+    p = ReplyPlayout()
+    p.begin_sentence("Order 5 4 3 2 1 is being packed.")  # announced; its audio not here yet
+    p.write_aside(_const(800), "One moment.")
+    p.write(_const(1600))  # the sentence's audio comes after the filler
+    p.advance(800)
+    assert p.last_played == 800 and p.take_heard() == "One moment."
+    p.advance(800)
+    assert p.take_heard() == ""  # half of the sentence
+    p.advance(800)
+    assert p.take_heard() == "Order 5 4 3 2 1 is being packed."
+    assert p.advance(TICK) == 0.0 and p.last_played == 0
+
+
+def test_a_tone_aside_is_heard_but_says_nothing() -> None:
+    p = ReplyPlayout()
+    p.begin_sentence("Hello there.")
+    p.write(_const(320))
+    p.write_aside(_const(160))  # a pip after it: its own (wordless) sentence
+    p.advance(480)
+    assert p.take_heard() == "Hello there."
+    p.write_aside(_const(320), "One moment.")
+    p.advance(160)
+    assert p.cut() == "One ..."

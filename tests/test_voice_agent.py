@@ -15,6 +15,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -26,12 +27,13 @@ from agent.base import (
     AgentEvent,
     AgentOutput,
     CallInfo,
+    DeadAir,
     DtmfEvent,
     TransferRequest,
     TransferResult,
     TurnCompleted,
 )
-from agent.profile import load_profile
+from agent.profile import Filler, load_profile
 from agent.sentences import split_sentences
 from agent.voice import VoiceAgent, VoiceSettings
 from agent.voice_models import FIRST_WORDS
@@ -177,6 +179,7 @@ class FakeOutput(AgentOutput):
         self.stopped = False
         self.log: list[tuple[int, str, Any]] = []
         self.after_stop: list[str] = []
+        self.dead_air: list[tuple[int, float]] = []  # (tick, gap ms): kept apart from emits
 
     def _note(self, what: str, arg: Any) -> None:
         self.log.append((self.tick, what, arg))
@@ -194,6 +197,9 @@ class FakeOutput(AgentOutput):
         self._note("hangup", reason)
 
     def emit(self, event: AgentEvent) -> None:
+        if isinstance(event, DeadAir):
+            self.dead_air.append((self.tick, event.gap_ms))
+            return
         self._note("emit", event)
 
     def send_dtmf(self, digits: str) -> None:
@@ -214,13 +220,21 @@ class Call:
     """One call: a VoiceAgent on fake models, driven tick by tick; stopped on exit."""
 
     def __init__(
-        self, profile_path: Path = DEMO, *, greeted: bool = True, speculate: bool = True
+        self,
+        profile_path: Path = DEMO,
+        *,
+        greeted: bool = True,
+        speculate: bool = True,
+        filler: Filler | None = None,
+        hold_audio: NDArray[np.int16] | None = None,
     ) -> None:
+        """``filler``: none unless given (these tests time replies tick by tick; a filler
+        on the wall clock would land in them)."""
         self.models = FakeModels()
         self.out = FakeOutput()
-        profile = load_profile(profile_path)
+        profile = replace(load_profile(profile_path), filler=filler or Filler(text="", tone_hz=0))
         settings = VoiceSettings(speculate=speculate)
-        self.agent = VoiceAgent(self.models, profile, settings)  # type: ignore[arg-type]
+        self.agent = VoiceAgent(self.models, profile, settings, hold_audio=hold_audio)  # type: ignore[arg-type]
         self.greeted = greeted  # start after the greeting has played
 
     async def __aenter__(self) -> Call:
