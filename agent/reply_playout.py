@@ -36,6 +36,7 @@ class ReplyPlayout:
         self.head = 0  # samples played since the last reset
         self._sentences: list[_Sentence] = []
         self._reported = 0  # sentences already handed out by take_heard()
+        self._played = 0  # samples of the last tick that were audio
 
     @property
     def queued(self) -> int:
@@ -57,23 +58,28 @@ class ReplyPlayout:
         if self._sentences:
             self._sentences[-1].end = self.written
 
-    def advance(self, n: int) -> float:
-        """One tick of ``n`` samples went out; returns their RMS (0 when nothing played)."""
-        energy = 0.0
-        played = 0
-        while n > 0 and self._audio:
+    def play(self, n: int) -> NDArray[np.int16]:
+        """One tick of ``n`` samples went out: returns them (zeros where nothing played),
+        the echo canceller's reference for this tick."""
+        out = np.zeros(n, np.int16)
+        filled = 0
+        while filled < n and self._audio:
             chunk = self._audio[0]
-            take = min(n, chunk.size - self._offset)
-            part = chunk[self._offset : self._offset + take].astype(np.float64)
-            energy += float(np.dot(part, part))
-            played += take
-            n -= take
+            take = min(n - filled, chunk.size - self._offset)
+            out[filled : filled + take] = chunk[self._offset : self._offset + take]
+            filled += take
             self._offset += take
             if self._offset >= chunk.size:
                 self._audio.popleft()
                 self._offset = 0
-        self.head += played
-        return (energy / played) ** 0.5 if played else 0.0
+        self.head += filled
+        self._played = filled
+        return out
+
+    def advance(self, n: int) -> float:
+        """One tick of ``n`` samples went out; returns their RMS (0 when nothing played)."""
+        frame = self.play(n)[: self._played].astype(np.float64)
+        return float(np.sqrt(np.mean(frame * frame))) if frame.size else 0.0
 
     def take_heard(self) -> str:
         """Text of sentences fully played since the last call (for the transcript)."""

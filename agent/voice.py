@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.barge_in import BargeInGate, EchoGate, LoudnessGate
 from agent.base import (
     Agent,
     AgentEvent,
@@ -157,11 +158,14 @@ class VoiceAgent(Agent):
         self._quiet = 0  # ticks since the caller's last speech
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
-        # frame energies: ours (long enough for a barge-in window at any echo lag), and the
-        # caller's (one barge-in window)
+        # what comes back, less our own line echo; and whether it is more than that echo
         run = max(1, -(-self.settings.barge_in_ms // FRAME_MS))
-        self._ref: deque[float] = deque([0.0], maxlen=run + round(ECHO_S / TICK_S))
-        self._heard: deque[float] = deque([0.0], maxlen=run)
+        margin = self.settings.echo_margin_db
+        self.gate: BargeInGate = (
+            EchoGate(run, margin_db=margin)
+            if self.settings.echo_canceller
+            else LoudnessGate(run, margin_db=margin)
+        )
         self._preroll: deque[tuple[NDArray[np.int16], bool]] = deque(maxlen=preroll)
 
     # -- Agent interface -------------------------------------------------------------------
@@ -182,9 +186,8 @@ class VoiceAgent(Agent):
             if closing:
                 self._interrupt_with(closing)
         now = time.monotonic()
-        rms = self.playout.advance(pcm.size)
-        self._ref.append(rms * rms)  # our frame energies, and the caller's:
-        self._heard.append(float(np.mean(pcm.astype(np.float64) ** 2)))
+        # the caller's side less the echo of what went out this tick: all we listen to
+        pcm = self.gate.process(pcm, self.playout.play(pcm.size))
         if self._drained is not None and not self.playout.playing:
             self._drained.set()
         if self.paused or self.guard.fault is not None:  # an operator took over, or a
@@ -293,26 +296,17 @@ class VoiceAgent(Agent):
             self._confirmed = False
 
     def _should_barge_in(self) -> bool:
-        """Speech for barge_in_ms, louder on average than an echo of our voice could be.
-
-        An echo is our voice of a round trip ago (up to ECHO_S), at least echo_margin_db
-        down: so the caller's mean energy over the last barge_in_ms must beat that margin
-        under our loudest mean over a window as long, at any lag up to ECHO_S. Means, not
-        single frames: speech and our voice both come and go."""
+        """Speech (the VAD, on what is left once our echo is taken out) for barge_in_ms,
+        and more of it than our echo can explain (:mod:`agent.barge_in`)."""
         s = self.settings
         run = max(1, -(-s.barge_in_ms // FRAME_MS))  # whole ticks, rounded up
-        if not s.barge_in or self._run < run:
-            return False
-        heard = list(self._heard)[-run:]
-        ours = np.asarray(self._ref)
-        sums = np.convolve(ours, np.ones(min(run, ours.size)), mode="valid")
-        loudest = float(sums.max()) / min(run, ours.size)
-        return sum(heard) / len(heard) > loudest * 10 ** (-s.echo_margin_db / 10)
+        return s.barge_in and self._run >= run and self.gate.caller_louder()
 
     def _barge_in(self) -> None:
         """The caller talks over us: stop the reply where it is, on the wire too."""
         self._gen += 1
         self.barge_ins += 1
+        self.gate.forget_recent()
         self._cancel.set()
         dropped = self._out.flush() if self._out is not None else 0.0
         heard = self.playout.cut()
