@@ -38,6 +38,7 @@ TICK_S = 0.02
 _QUIET = 10.0 ** (-70 / 10) * 32768.0**2 * 160  # a tick's energy at -70 dBFS
 _ERL = 0.25  # before any evidence: echo 6 dB under our voice (G.168), none of it cancelled
 _PRIORS = 3
+_MIN_EVIDENCE = 25  # windows (half a second) before the estimate-relative bound is used
 
 
 class BargeInGate(Protocol):
@@ -65,7 +66,7 @@ class EchoGate:
         *,
         margin_db: float = 6.0,
         tail_ms: float = 320.0,
-        history_s: float = 2.0,
+        history_s: float = 1.0,
     ) -> None:
         self.window = max(1, window)
         self.canceller = EchoCanceller(tail_ms=tail_ms)
@@ -74,6 +75,7 @@ class EchoGate:
         self._ours: deque[float] = deque([0.0] * tail, maxlen=tail)  # our ticks' energies
         self._env: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # loudest
         self._left: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # residual
+        self._est: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # echo taken
         self._noise: float | None = None  # the residual's floor (line noise) when we are quiet
         # residual / our voice of the windows while we talked (the caller's excepted); until
         # there is evidence, a few priors that make the rule the old one: the caller must
@@ -83,7 +85,11 @@ class EchoGate:
         self.bound = prior  # residual / our voice that echo alone reaches (90th percentile)
         # the latest windows' ratios wait before they count: if the caller turns out to have
         # been talking in them (a barge-in), they are dropped (forget_recent)
-        self._pending: deque[float] = deque(maxlen=2 * self.window)
+        self._pending: deque[tuple[float, float | None]] = deque(maxlen=2 * self.window)
+        # the same, relative to the echo the canceller took out: once it has converged, that
+        # estimate follows the echo in time (no delay to allow for) and bounds it tighter
+        self._est_ratios: deque[float] = deque(maxlen=self._ratios.maxlen)
+        self.est_bound = float("inf")
         self.residual_db = -120.0  # the last tick's residual level, for logs and benches
 
     def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
@@ -93,6 +99,8 @@ class EchoGate:
         self._ours.append(e_ours)
         self._env.append(max(self._ours))  # our loudest tick that can still come back
         self._left.append(e_left)
+        echo = self.canceller.echo
+        self._est.append(float(np.dot(echo, echo)))
         self.residual_db = float(10 * np.log10(e_left / (32768.0**2 * res.size) + 1e-12))
         if not self.canceller.active:
             # we are quiet: the residual is the line (noise, or the caller): track its floor
@@ -109,10 +117,16 @@ class EchoGate:
         if env <= _QUIET * self.window * 100:  # we were too quiet to learn from
             return
         left = max(0.0, sum(self._left) - self.window * (self._noise or 0.0))
+        est = sum(self._est)
         if len(self._pending) == self._pending.maxlen:
-            self._ratios.append(self._pending[0])
+            by_voice, by_estimate = self._pending[0]
+            self._ratios.append(by_voice)
             self.bound = float(np.percentile(self._ratios, 90))
-        self._pending.append(left / env)
+            if by_estimate is not None:
+                self._est_ratios.append(by_estimate)
+                if len(self._est_ratios) >= _MIN_EVIDENCE:
+                    self.est_bound = float(np.percentile(self._est_ratios, 90))
+        self._pending.append((left / env, left / est if est > env * 1e-4 else None))
 
     def forget_recent(self) -> None:
         """The caller barged in: the windows not yet counted held their voice, not echo."""
@@ -121,7 +135,8 @@ class EchoGate:
     def caller_louder(self) -> bool:
         env, left = sum(self._env), sum(self._left)
         floor = self.window * (self._noise or _QUIET)
-        return left > self._margin * (self.bound * env + floor)
+        echo = min(self.bound * env, self.est_bound * sum(self._est))
+        return left > self._margin * (echo + floor)
 
 
 class LoudnessGate:

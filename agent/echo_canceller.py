@@ -184,8 +184,8 @@ class EchoCanceller:
         self._pyy = max(self._pyy, 1.0)
         self._pey = min(max(self._pey, _MIN_LEAK * self._pyy), self._pyy)
         self.leak = self._pey / self._pyy
-        echo_share = min(0.5, (1e-4 * s_xx + 3.0 * self.leak * s_yy) / s_ee)
-        r = 0.7 * self.leak * y_pow + 0.3 * echo_share * e_pow
+        echo_share = min(1.0, (1e-4 * s_xx + 3.0 * self.leak * s_yy) / s_ee)
+        r = self.leak * y_pow + 0.3 * echo_share * e_pow
         rates: NDArray[np.float64] = np.minimum(r / (e_pow + 1.0), 1.0)
         return rates
 
