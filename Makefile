@@ -12,6 +12,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 # (Debian starts kamailio on port 5060, the bridge's). chromium and chromium-driver run the
 # browser tests of the talk page and the console (headless, kept off the network).
 APT_PACKAGES ?= python3-venv gcc python3-dev sip-tester baresip-core linphone-cli espeak-ng sox \
+	asterisk-core-sounds-en-wav \
 	mosquitto kamailio chromium chromium-driver
 LOCK := requirements.lock
 STAMP := $(VENV)/.stamp-deps

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 from agent_capture import Capture
-from line_echo import LineEcho, g711, line_noise
+from line_echo import LineEcho, active_level_dbfs, g711, line_noise
 from numpy.typing import NDArray
 
 from agent.base import CallInfo, SayText
@@ -87,13 +87,15 @@ def beckett() -> NDArray[np.int16]:
     return np.concatenate([down.process(pcm), down.flush()])
 
 
-def onset_sample(pcm: NDArray[np.generic], rel_db: float = -25.0) -> int:
-    """Where speech starts: the first 10 ms whose energy is within ``rel_db`` of the
-    clip's loudest 10 ms (what a listener hears as "they started talking")."""
+def onset_sample(pcm: NDArray[np.generic], below_db: float = 15.0) -> int:
+    """Where speech starts: the first 10 ms within ``below_db`` of the clip's active speech
+    level (what a listener hears as "they started talking"; a recording's room noise and
+    breaths before it do not count)."""
     x = np.asarray(pcm, dtype=np.float64)
     fr = x[: x.size // 80 * 80].reshape(-1, 80)
     p = np.mean(fr**2, axis=1)
-    return int(np.argmax(p >= p.max() * 10 ** (rel_db / 10))) * 80
+    level = 10 ** (active_level_dbfs(x) / 10) * 32768.0**2
+    return int(np.argmax(p >= level * 10 ** (-below_db / 10))) * 80
 
 
 @dataclass

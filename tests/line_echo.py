@@ -90,13 +90,20 @@ def g711(pcm: NDArray[np.generic]) -> NDArray[np.int16]:
 
 
 def active_level_dbfs(pcm: NDArray[np.generic], frame: int = 160) -> float:
-    """Active speech level: the mean power of the frames within 30 dB of the loudest
-    (close to P.56's for speech with pauses), in dBFS."""
+    """Active speech level in dBFS, in the manner of ITU-T P.56: the mean power of the
+    frames no more than 15.9 dB under that level (found by iterating from the mean), so
+    pauses and a recording's room noise do not pull it down."""
     x = np.asarray(pcm, dtype=np.float64)
     fr = x[: x.size // frame * frame].reshape(-1, frame)
     p = np.mean(fr**2, axis=1)
-    active = p[p >= p.max() * 1e-3]
-    return float(10 * np.log10(np.mean(active) / 32768**2))
+    level = float(np.mean(p))
+    for _ in range(20):
+        active = p[p >= level * 10 ** (-15.9 / 10)]
+        new = float(np.mean(active))
+        if abs(new - level) <= 1e-6 * level:
+            break
+        level = new
+    return float(10 * np.log10(level / 32768**2))
 
 
 def at_level(pcm: NDArray[np.generic], dbfs: float) -> NDArray[np.float64]:
