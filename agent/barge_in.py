@@ -9,12 +9,15 @@ than our echo could explain.
   takes our echo out, and the decision is on the residual. How much of our voice can be
   left in the residual is learnt, not assumed: while we talk, each window's residual
   energy relative to our recent voice's joins a history (``history_s``, windows decided as
-  the caller's excepted), and its 90th percentile bounds what echo leaves. The caller
-  counts when the residual over the window beats that bound (plus the line's noise floor)
-  by ``margin_db``. So a quiet caller is heard once the canceller has converged, a line
-  without echo lets any caller through within half a second of our first word, and a loud
-  echo before convergence cannot pass. A percentile, not a running maximum: the first
-  windows of a caller's speech must not raise the bound they are measured against.
+  the caller's excepted), and its 90th percentile bounds what echo leaves (relative to the
+  canceller's own echo estimate too, once it has one: tighter, and in step with the echo).
+  The caller counts when the residual over the window beats that bound (plus the line's
+  noise floor) by ``margin_db``, and at least half the window's ticks do on their own. So
+  a quiet caller is heard once the canceller has converged (about a second of our voice:
+  it finds the echo's delay first), a line without echo lets any caller through within
+  half a second of our first word, and a loud echo before convergence cannot pass. A
+  percentile, not a running maximum, and recent windows counted late: the first windows of
+  a caller's speech must not raise the bound they are measured against.
 - :class:`LoudnessGate`: the rule this replaced (the caller's mean energy over the window
   against our loudest window within ``ECHO_S``, minus ``margin_db``), kept to measure
   against (bench/barge_in.py) and for operators who set ``agent.voice.echo_canceller =
@@ -76,6 +79,7 @@ class EchoGate:
         self._env: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # loudest
         self._left: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # residual
         self._est: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # echo taken
+        self._above: deque[bool] = deque([False] * self.window, maxlen=self.window)
         self._noise: float | None = None  # the residual's floor (line noise) when we are quiet
         # residual / our voice of the windows while we talked (the caller's excepted); until
         # there is evidence, a few priors that make the rule the old one: the caller must
@@ -102,6 +106,11 @@ class EchoGate:
         echo = self.canceller.echo
         self._est.append(float(np.dot(echo, echo)))
         self.residual_db = float(10 * np.log10(e_left / (32768.0**2 * res.size) + 1e-12))
+        # this tick on its own against the echo it may hold (half the margin): a barge-in
+        # needs half the window's ticks above it, so a click or a cough (a tick or two,
+        # however loud) does not stop us, nor does one loud syllable of residual echo
+        echo_now = min(self.bound * self._env[-1], self.est_bound * self._est[-1])
+        self._above.append(e_left > self._margin**0.5 * (echo_now + (self._noise or _QUIET)))
         if not self.canceller.active:
             # we are quiet: the residual is the line (noise, or the caller): track its floor
             floor = max(e_left, _QUIET)
@@ -133,6 +142,8 @@ class EchoGate:
         self._pending.clear()
 
     def caller_louder(self) -> bool:
+        if 2 * sum(self._above) < self.window:
+            return False
         env, left = sum(self._env), sum(self._left)
         floor = self.window * (self._noise or _QUIET)
         echo = min(self.bound * env, self.est_bound * sum(self._est))

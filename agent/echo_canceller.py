@@ -32,6 +32,10 @@ _F64 = NDArray[np.float64]
 _ERL_BOUND = 0.25  # a line returns our voice at least 6 dB down (G.168)
 _LEAK_SMOOTH = 0.05  # per block: the error and estimate spectra's means, ~0.4 s
 _MIN_LEAK = 0.005
+_LOCATE_SMOOTH = 0.05  # per block: the spectra behind the coherence, ~0.4 s
+_LOCATE_BLOCKS = 20  # blocks of our voice before the coherence is trusted (0.4 s)
+_LOCATE_MIN = 0.3  # coherence (energy-weighted, 0..1) that counts as an echo found
+_LOCATE_RATIO = 2.0  # ... and by how much it must beat every partition away from it
 _C128 = NDArray[np.complex128]
 
 
@@ -60,6 +64,17 @@ class EchoCanceller:
         self._bg: _C128 = np.zeros((p, bins), np.complex128)  # background filter (adapts)
         self._fg: _C128 = np.zeros((p, bins), np.complex128)  # foreground filter (output)
         self._last_ref: _F64 = np.zeros(block)  # previous block: overlap-save input
+        self._last_mic: _F64 = np.zeros(block)
+        # where the echo is: the coherence of what comes back with each partition's
+        # reference, from smoothed cross- and auto-spectra (see _locate)
+        self._cross: _C128 = np.zeros((p, bins), np.complex128)
+        self._ref_pow: _F64 = np.zeros((p, bins))
+        self._mic_pow: _F64 = np.zeros(bins)
+        self.coherence: _F64 = np.zeros(p)
+        self._heard_ours = 0  # blocks with our voice in the tail so far
+        #: The partitions that hold the echo (bulk delay found); None: not known yet, the
+        #: whole tail adapts.
+        self.window: tuple[int, int] | None = None
         self._idle = p  # blocks since the last non-silent reference block
         self._constrain = 0  # the partition whose gradient constraint is applied next
         self._ref_energy: _F64 = np.zeros(p)  # reference energy of the blocks in the tail
@@ -103,6 +118,8 @@ class EchoCanceller:
         self._x[1:] = self._x[:-1]
         self._x[0] = np.fft.rfft(np.concatenate((self._last_ref, x)))
         self._last_ref = x
+        self._locate(np.fft.rfft(np.concatenate((self._last_mic, d))))
+        self._last_mic = d
         y_fg = self._estimate(self._fg)
         y_bg = self._estimate(self._bg)
         e_fg = d - y_fg
@@ -112,6 +129,41 @@ class EchoCanceller:
         self._adapt(e_bg, y_bg, float(np.dot(x, x)))
         self.echo = y_fg
         return e_fg
+
+    def _locate(self, mic: _C128) -> None:
+        """Find the echo's bulk delay: the partition whose reference is most coherent with
+        what comes back. Why: an adaptive filter over the whole tail learns a delayed echo
+        slowly (speech correlates with its own recent past, so early steps also grow the
+        partitions in front of the echo); told where the echo is, it adapts only there and
+        converges as fast as for an echo with no delay (measured: ~20 dB in 1 s, against
+        ~3 s over the whole tail)."""
+        a = _LOCATE_SMOOTH
+        self._cross += a * (mic[None, :] * np.conj(self._x) - self._cross)
+        self._ref_pow += a * (self._x.real**2 + self._x.imag**2 - self._ref_pow)
+        self._mic_pow += a * (mic.real**2 + mic.imag**2 - self._mic_pow)
+        num = np.einsum("pk,pk->p", self._cross.real, self._cross.real) + np.einsum(
+            "pk,pk->p", self._cross.imag, self._cross.imag
+        )
+        den = self._ref_pow @ self._mic_pow + 1.0
+        self.coherence = num / den
+        self._heard_ours += 1
+        if self._heard_ours < _LOCATE_BLOCKS:  # few averages: every coherence looks high
+            return
+        best = int(np.argmax(self.coherence))
+        rest = np.delete(self.coherence, range(max(0, best - 1), min(self.partitions, best + 2)))
+        clear = self.coherence[best] > _LOCATE_MIN and (
+            rest.size == 0 or self.coherence[best] > _LOCATE_RATIO * float(rest.max())
+        )
+        if not clear:
+            return
+        if self.window is not None and self.window[0] <= best - 1 and best + 1 < self.window[1]:
+            return  # the echo's partitions are inside the window already
+        window = (max(0, best - 1), min(self.partitions, best + 3))
+        if window != self.window:
+            self.window = window
+            outside = np.ones(self.partitions, bool)
+            outside[window[0] : window[1]] = False
+            self._bg[outside] = 0.0  # what the background grew in front of the echo
 
     def _estimate(self, w: _C128) -> _F64:
         """The echo this filter predicts for the newest block (the last half of the
@@ -136,6 +188,11 @@ class EchoCanceller:
                        np.einsum("pk,pk->p", self._bg.imag, self._bg.imag))  # fmt: skip
         total = float(size.sum())
         share = np.full(p, 1.0 / p) if total <= 0.0 else 0.5 / p + 0.5 * size / total
+        if self.window is not None:  # the echo's partitions only
+            lo, hi = self.window
+            share[:lo] = 0.0
+            share[hi:] = 0.0
+            share /= share.sum()
         power = share @ (self._x.real**2 + self._x.imag**2)
         gain = self.step * rate / (power + 1e-2 * float(power.mean()) + 1.0)  # quiet bins
         grad = np.conj(self._x) * (e * gain)[None, :]
