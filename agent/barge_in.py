@@ -41,6 +41,8 @@ TICK_S = 0.02
 _QUIET = 10.0 ** (-70 / 10) * 32768.0**2 * 160  # a tick's energy at -70 dBFS
 _ERL = 0.25  # before any evidence: echo 6 dB under our voice (G.168), none of it cancelled
 _PRIORS = 3
+_NOISE_S = 1.5
+_NOISE_OVER_MIN = 1.5  # a tick of noise is rarely under 2/3 of its mean power (160 samples)
 _MIN_EVIDENCE = 25  # windows (half a second) before the estimate-relative bound is used
 
 
@@ -80,7 +82,10 @@ class EchoGate:
         self._left: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # residual
         self._est: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # echo taken
         self._above: deque[bool] = deque([False] * self.window, maxlen=self.window)
-        self._noise: float | None = None  # the residual's floor (line noise) when we are quiet
+        # the line's noise floor: the quietest residual tick of the last 1.5 s (speech, ours
+        # or the caller's, has gaps between words), a little above that minimum
+        self._recent: deque[float] = deque(maxlen=round(_NOISE_S / TICK_S))
+        self._noise = _QUIET
         # residual / our voice of the windows while we talked (the caller's excepted); until
         # there is evidence, a few priors that make the rule the old one: the caller must
         # beat our voice 6 dB down (G.168's minimum return loss, nothing cancelled)
@@ -110,12 +115,10 @@ class EchoGate:
         # needs half the window's ticks above it, so a click or a cough (a tick or two,
         # however loud) does not stop us, nor does one loud syllable of residual echo
         echo_now = min(self.bound * self._env[-1], self.est_bound * self._est[-1])
-        self._above.append(e_left > self._margin**0.5 * (echo_now + (self._noise or _QUIET)))
-        if not self.canceller.active:
-            # we are quiet: the residual is the line (noise, or the caller): track its floor
-            floor = max(e_left, _QUIET)
-            self._noise = floor if self._noise is None else min(floor, self._noise * 1.01)
-        elif not self.caller_louder():
+        self._recent.append(max(e_left, _QUIET))
+        self._noise = _NOISE_OVER_MIN * min(self._recent)
+        self._above.append(e_left > self._margin**0.5 * (echo_now + self._noise))
+        if self.canceller.active and not self.caller_louder():
             self._learn()
         out: NDArray[np.int16] = np.clip(np.rint(res), -32768, 32767).astype(np.int16)
         return out
@@ -125,7 +128,7 @@ class EchoGate:
         env = sum(self._env)
         if env <= _QUIET * self.window * 100:  # we were too quiet to learn from
             return
-        left = max(0.0, sum(self._left) - self.window * (self._noise or 0.0))
+        left = max(0.0, sum(self._left) - self.window * self._noise)
         est = sum(self._est)
         if len(self._pending) == self._pending.maxlen:
             by_voice, by_estimate = self._pending[0]
@@ -145,7 +148,7 @@ class EchoGate:
         if 2 * sum(self._above) < self.window:
             return False
         env, left = sum(self._env), sum(self._left)
-        floor = self.window * (self._noise or _QUIET)
+        floor = self.window * self._noise
         echo = min(self.bound * env, self.est_bound * sum(self._est))
         return left > self._margin * (echo + floor)
 

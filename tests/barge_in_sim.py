@@ -189,8 +189,17 @@ class Sim:
         self.agent.on_event(SayText(text))
         await self.synthesised(done)
 
-    async def run(self, ticks: int, until: Callable[[], bool] | None = None) -> None:
+    async def run(
+        self, ticks: int, until: Callable[[], bool] | None = None, *, realtime: bool = False
+    ) -> None:
+        """``realtime``: one tick per 20 ms of the loop's clock, as on a call (the models'
+        work then takes the time it takes in ticks too: end of turn, ASR, TTS)."""
+        loop = asyncio.get_running_loop()
+        due = loop.time()
         for _ in range(ticks):
+            if realtime:
+                due += TICK_MS / 1000
+                await asyncio.sleep(max(0.0, due - loop.time()))
             self.tick += 1
             self.out.tick = self.tick
             sent = self.out.queue.pop()

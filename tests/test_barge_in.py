@@ -105,24 +105,27 @@ async def _echo_only(line: Line, replies: list[str], settings: VoiceSettings | N
 
 
 @pytest.mark.parametrize(
-    ("erl", "delay_ms", "colour"),
+    ("erl", "delay_ms", "colour", "noise"),
     [
-        (6, 10, True),
-        (6, 150, True),
-        (6, 200, True),
-        (12, 60, True),
-        (20, 200, True),
-        (6, 150, False),
-        (None, 0, True),
+        (6, 10, True, -65),
+        (6, 150, True, -65),
+        (6, 200, True, -65),
+        (12, 60, True, -65),
+        (20, 200, True, -65),
+        (6, 150, False, -65),
+        (None, 0, True, -65),
+        (6, 150, True, -50),  # a noisy line: its hiss is not the caller either
+        (None, 0, True, -45),
     ],
 )
 @aio
 async def test_our_own_echo_never_stops_the_agent(
-    erl: float | None, delay_ms: float, colour: bool
+    erl: float | None, delay_ms: float, colour: bool, noise: float
 ) -> None:
-    """The greeting and three replies (about 25 s of our voice) with only echo coming back:
-    all of it is played, nothing is flushed, no turn is taken."""
-    sim = await _echo_only(Line(erl, delay_ms, colour=colour), REPLIES[:3])
+    """The greeting and three replies (about 25 s of our voice) with only echo and line
+    noise coming back: all of it is played, nothing is flushed, no turn is taken."""
+    line = Line(erl, delay_ms, colour=colour, noise_dbfs=noise)
+    sim = await _echo_only(line, REPLIES[:3])
     assert sim.agent.barge_ins == 0 and sim.out.flush_ticks == []
     assert sim.agent.turns == []
     spoken = sum(sim.out.sizes) / 8000
