@@ -94,10 +94,14 @@ class ReplyPlayout:
                 done.append(s.text)
         return " ".join(done)
 
-    def cut(self) -> str:
+    def cut(self, fade: NDArray[np.float64] | None = None) -> str:
         """Barge-in: everything unplayed is dropped; returns what was heard and not yet
         reported: whole sentences, then the words of the sentence being played in
-        proportion to its samples played (speech is roughly even in words per second)."""
+        proportion to its samples played (speech is roughly even in words per second).
+        ``fade``: the bridge plays the next ``fade.size`` samples faded by it first
+        (:meth:`~agent.base.AgentOutput.fade_out`); they stay queued here, faded the same
+        way, so :meth:`play` goes on telling what is on the wire."""
+        tail = self._unplayed(0 if fade is None else int(fade.size))
         heard = [self.take_heard()] if self._reported < len(self._sentences) else []
         if self._reported < len(self._sentences):
             s = self._sentences[self._reported]
@@ -108,7 +112,22 @@ class ReplyPlayout:
             if part:
                 heard.append(" ".join(part) + " ...")
         self.reset()
+        if fade is not None and tail.size:
+            self.write(np.rint(tail * fade[: tail.size]).astype(np.int16))
         return " ".join(h for h in heard if h)
+
+    def _unplayed(self, n: int) -> NDArray[np.float64]:
+        """The next ``n`` samples queued (fewer if less is queued)."""
+        out: list[NDArray[np.int16]] = []
+        got, offset = 0, self._offset
+        for chunk in self._audio:
+            if got >= n:
+                break
+            piece = chunk[offset : offset + n - got]
+            out.append(piece)
+            got += piece.size
+            offset = 0
+        return np.concatenate(out).astype(np.float64) if out else np.zeros(0)
 
     def reset(self) -> None:
         self._audio.clear()
