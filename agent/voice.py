@@ -28,6 +28,7 @@ from numpy.typing import NDArray
 
 from agent.barge_in import BargeInGate, EchoGate, LoudnessGate
 from agent.base import (
+    FADE_MS,
     Agent,
     AgentEvent,
     AgentOutput,
@@ -41,6 +42,7 @@ from agent.base import (
     TransferRequest,
     TransferResult,
     TurnCompleted,
+    fade_out_gain,
 )
 from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, SendDtmf, Transfer
 from agent.model_guard import ModelGuard
@@ -61,6 +63,7 @@ TICK_S = FRAME / RATE
 LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length limit
 FRAME_MS = 20
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
+MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
 
@@ -97,6 +100,17 @@ class TurnTiming:
         return out
 
 
+@dataclass
+class _Undo:
+    """What taking back a turn needs (the caller went on after a pause, see
+    :meth:`VoiceAgent._caller_talks_over`)."""
+
+    timing: TurnTiming
+    engine: DialogueEngine  # the dialogue before the turn ended
+    spec: Speculation  # its words and its reply
+    reply_tick: int | None = None  # the tick its first audio reaches the wire
+
+
 class VoiceAgent(Agent):
     name = "voice"
     sample_rate = RATE
@@ -128,6 +142,7 @@ class VoiceAgent(Agent):
         self.turns: list[TurnTiming] = []
         self.paused = False  # an operator paused us (MQTT command): no listening, no turns
         self.barge_ins = 0  # replies cut short by the caller (speech or a key)
+        self.merges = 0  # turns taken back: the caller went on after a pause
         self.events: list[AgentEvent] = []
         self._out: AgentOutput | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -155,6 +170,7 @@ class VoiceAgent(Agent):
         # ASR of words the caller went on from (a pause that was not the end of the turn)
         self._carry: list[Future[str]] = []
         self._spec: Speculation | None = None  # a reply being prepared during a pause
+        self._undo: _Undo | None = None  # the turn being answered, while it can merge
         self._quiet = 0  # ticks since the caller's last speech
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
@@ -213,7 +229,7 @@ class VoiceAgent(Agent):
             self._preroll.append((pcm16, self._user_speaking))
             if not self._should_barge_in():
                 return
-            self._barge_in()
+            self._caller_talks_over()
             for old, speaking in self._preroll:  # the caller's first words belong to the turn
                 self._stt.push(old, speaking)
                 self._eot.push(old, speaking)
@@ -303,13 +319,11 @@ class VoiceAgent(Agent):
         return s.barge_in and self._run >= run and self.gate.caller_louder()
 
     def _barge_in(self) -> None:
-        """The caller talks over us: stop the reply where it is, on the wire too."""
-        self._gen += 1
+        """The caller talks over us (or presses a key): stop the reply where it is, on the
+        wire too; the turn it answered is reported as cut short."""
         self.barge_ins += 1
-        self.gate.forget_recent()
-        self._cancel.set()
-        dropped = self._out.flush() if self._out is not None else 0.0
-        heard = self.playout.cut()
+        self._undo = None
+        heard = self._stop_reply()
         if self.engine is not None:
             self.engine.played(heard)
         if self._turn is not None:
@@ -317,12 +331,53 @@ class VoiceAgent(Agent):
             if heard:
                 self._turn.heard.append(heard)
             self._report(self._turn)
+
+    def _caller_talks_over(self) -> None:
+        """Speech over our reply. Within MERGE_TICKS of the reply's start (or before it
+        started), it was a pause, not the end of the turn: the caller went on. Then the
+        turn is taken back, as if it had not ended: its reply stops, the dialogue forgets
+        it, it is never reported, and its words open the turn that goes on now, which is
+        answered once, whole. Otherwise it is a barge-in."""
+        undo = self._undo
+        onset = self._tick - self._run  # the tick the caller's speech began
+        log.debug(
+            "speech over the reply: onset tick %d, reply from tick %s, undo %s",
+            onset,
+            None if undo is None else undo.reply_tick,
+            undo is not None,
+        )
+        if undo is None or (undo.reply_tick is not None and onset - undo.reply_tick > MERGE_TICKS):
+            self._barge_in()
+            return
+        self._undo = None
+        self.merges += 1
+        self._stop_reply()
+        if undo.timing in self.turns:
+            self.turns.remove(undo.timing)
+        if self._turn is undo.timing:
+            self._turn = None
+        self.engine = undo.engine  # as before the turn ended: no reply, no miss counted
+        # its words (transcribed or not yet) go first in the turn that goes on
+        self._carry = [*undo.spec.abort(), *self._carry]
+        log.info("caller went on after a pause: %r opens the turn", undo.spec.text)
+
+    def _stop_reply(self) -> str:
+        """Stop what we are saying (fading out on the wire), listen again; returns the part
+        of it that was heard."""
+        self._gen += 1
+        self.gate.forget_recent()
+        self._cancel.set()
+        # the reply fades out over FADE_MS (on the wire and in our model of it), rather than
+        # stopping mid-word; nothing after the fade plays
+        dropped = self._out.fade_out(FADE_MS) if self._out is not None else 0.0
+        heard = self.playout.cut(fade_out_gain(round(RATE * FADE_MS / 1000)))
         self._stt.reset()
         self._eot.reset()
         self._busy = False
-        log.debug("barge-in: %.0f ms of reply dropped; heard %r", dropped, heard)
+        log.debug("reply stopped: %.0f ms of it dropped; heard %r", dropped, heard)
         # the caller's words so far belong to the new turn: keep them
         self._speech_ticks = self._run
+        return heard
 
     def _interrupt_with(self, parts: list[ReplyPart]) -> None:
         """Say something now, whatever was going on (limits, a failed transfer)."""
@@ -348,13 +403,14 @@ class VoiceAgent(Agent):
         """The caller went on: the utterance, still open in the transcriber, goes on too
         (what the speculation carried from an earlier turn goes back to wait)."""
         if self._spec is not None:
-            self._carry = self._spec.abort()[:-1]
+            self._carry = [*self._spec.abort()[:-1], *self._carry]
             self._spec = None
 
     def _end_turn(self, reason: str, now: float) -> None:
         timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason)
         self.turns.append(timing)
         self._turn = timing
+        assert self.engine is not None  # start() made it
         self._busy = True
         self._speech_ticks = 0
         self._eot.reset()
@@ -364,6 +420,7 @@ class VoiceAgent(Agent):
         else:
             timing.speculative = True
             self._stt.forget()  # its snapshot has the whole utterance
+        self._undo = _Undo(timing, self.engine, spec)
         self._spawn(self._answer(spec, timing, self._gen))
 
     async def _answer(self, spec: Speculation, timing: TurnTiming, gen: int) -> None:
@@ -374,8 +431,9 @@ class VoiceAgent(Agent):
                 await asyncio.wait({spec.task, heard}, return_when=asyncio.FIRST_COMPLETED)
                 heard.cancel()
             timing.asr_done, timing.text = spec.asr_done, spec.text
-            if gen != self._gen:  # the caller went on talking before we answered: it was
-                self._carry = spec.abort()  # a pause; these words open the next turn
+            if gen != self._gen:  # the caller went on talking before we answered: it was a
+                if not spec.aborted:  # pause; these words open the next turn (unless the
+                    self._carry = spec.abort()  # merge that stopped us carried them)
                 return
             if not spec.heard.is_set() or not spec.text:
                 self._busy = False
@@ -431,6 +489,8 @@ class VoiceAgent(Agent):
                             timing.heard.append(heard)
                 if timing is not None:
                     self._report(timing)
+                    if self._undo is not None and self._undo.timing is timing:
+                        self._undo = None  # answered in full: a turn of its own
                 self._busy = False
                 self._speech_ticks = self._run  # our own echo is not the caller's turn
 
@@ -457,6 +517,9 @@ class VoiceAgent(Agent):
             audio = pcm  # 8 kHz already: resampled in the executor
             if timing is not None and not timing.first_write:
                 timing.first_write = time.monotonic()
+                undo = self._undo
+                if undo is not None and undo.timing is timing and undo.reply_tick is None:
+                    undo.reply_tick = self._tick + self.playout.queued // FRAME
             self.playout.write(audio)
             if self._drained is not None:
                 self._drained.clear()
@@ -500,6 +563,7 @@ class VoiceAgent(Agent):
 
     def _act(self, part: ReplyPart) -> None:
         out = self._out
+        self._undo = None  # a transfer, a hang-up, keys sent: that turn cannot be taken back
         if out is None:
             return
         if isinstance(part, Transfer):

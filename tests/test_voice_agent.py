@@ -20,8 +20,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import pytest
 from numpy.typing import NDArray
 
+import agent.voice as voice_module
 from agent.base import (
     AgentEvent,
     AgentOutput,
@@ -367,13 +369,13 @@ async def test_barge_in_cuts_the_reply_and_keeps_the_callers_words() -> None:
         # the stale sentence comes from the TTS after the flush: it is never written
         c.models.release.set()
         await c.until(lambda: c.models.finished == 1, "the held TTS")
-        await c.tick(3, OUR_RMS)
+        await c.tick(5, OUR_RMS)  # the reply fades out over 100 ms: 5 ticks
         assert c.models.produced == GREETING and c.models.cancel_seen == [True]
         assert len(c.out.writes) == 2 and not c.agent.playout.playing
         # the caller goes on and ends the turn: answered from what they said
         i = await c.turn("when are you open")
         assert c.models.spoken[-1] == HOURS and c.out.written(i).size > 0
-        assert sum(s for _, s in c.models.stt.utterances[-1]) == BARGE_TICKS + 3 + 8
+        assert sum(s for _, s in c.models.stt.utterances[-1]) == BARGE_TICKS + 5 + 8
         assert c.out.flushes == [30 + BARGE_TICKS]
         await c.drain()
         assert c.transcript[1:] == [("caller", "when are you open"), ("agent", HOURS)]
@@ -530,3 +532,65 @@ async def test_stop_cancels_the_reply_and_nothing_is_written_after_it() -> None:
 @aio
 async def test_stop_drops_audio_already_on_its_way_to_the_loop() -> None:
     await _stop_during_reply(tts_done_first=True)
+
+
+ORDER_PROMPT = "What is your order number? You can say it or type it, then press hash."
+
+
+def _turns_reported(c: Call) -> list[TurnCompleted]:
+    return [e for _, e in c.out.of("emit") if isinstance(e, TurnCompleted)]
+
+
+@aio
+async def test_caller_going_on_within_a_second_of_the_reply_is_one_turn() -> None:
+    """ "I would like to ask about [pause] my order, please.": the pause ended the turn and
+    a reply began; the caller goes on within 1 s. The reply stops, the two halves are one
+    turn, answered once, and the record has that one turn."""
+    async with Call() as c:
+        await c.turn("I would like to ask about")
+        assert c.models.spoken[-1].startswith("Sorry, I didn't catch that")
+        await c.tick(10)  # 200 ms of the fallback reply played
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        assert len(c.out.flushes) == 1 and c.agent.merges == 1 and c.agent.barge_ins == 0
+        assert c.agent.turns == [] and _turns_reported(c) == []
+        await c.turn("my order, please")
+        assert c.models.spoken[-1] == ORDER_PROMPT
+        await c.drain()
+        (turn,) = _turns_reported(c)
+        assert turn.caller_text == "I would like to ask about my order, please"
+        assert turn.agent_text == ORDER_PROMPT and not turn.barged_in
+        assert len(c.agent.turns) == 1
+        # the dialogue never saw the first half on its own: no miss, no apology
+        assert c.transcript == [
+            ("agent", " ".join(GREETING)),
+            ("caller", "I would like to ask about my order, please"),
+            ("agent", ORDER_PROMPT),
+        ]
+
+
+def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the fake TTS's replies last ~1.3 s: a 400 ms window makes room to talk over one later
+    monkeypatch.setattr(voice_module, "MERGE_TICKS", 20)
+    _talk_over_late()
+
+
+@aio
+async def _talk_over_late() -> None:
+    async with Call() as c:
+        await c.turn("I would like to ask about")
+        await c.tick(25)  # 500 ms of the reply played: past the window
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        assert c.agent.merges == 0 and c.agent.barge_ins == 1
+        (first,) = _turns_reported(c)
+        assert first.caller_text == "I would like to ask about" and first.barged_in
+        await c.turn("my order, please")
+        assert c.models.spoken[-1] == ORDER_PROMPT
+        await c.drain()
+        assert [t.caller_text for t in _turns_reported(c)] == [
+            "I would like to ask about",
+            "my order, please",
+        ]
