@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.backchannel import is_backchannel
 from agent.barge_in import BargeInGate, EchoGate, LoudnessGate
 from agent.base import (
     FADE_MS,
@@ -64,6 +65,7 @@ LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length lim
 FRAME_MS = 20
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
 MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
+BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
 
@@ -111,6 +113,16 @@ class _Undo:
     reply_tick: int | None = None  # the tick its first audio reaches the wire
 
 
+@dataclass
+class _Held:
+    """A reply waiting while the caller says something that may be a backchannel."""
+
+    timing: TurnTiming | None  # the turn the reply answers (None: the greeting, a command)
+    speech: int = 0  # ticks of the caller's speech since
+    probe: Future[str] | None = None  # what they said, asked at their latest pause
+    audio: list[NDArray[np.int16]] = field(default_factory=list)  # their words (16 kHz)
+
+
 class VoiceAgent(Agent):
     name = "voice"
     sample_rate = RATE
@@ -143,6 +155,7 @@ class VoiceAgent(Agent):
         self.paused = False  # an operator paused us (MQTT command): no listening, no turns
         self.barge_ins = 0  # replies cut short by the caller (speech or a key)
         self.merges = 0  # turns taken back: the caller went on after a pause
+        self.backchannels = 0  # "uh-huh"s heard over a reply that then went on
         self.events: list[AgentEvent] = []
         self._out: AgentOutput | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -171,6 +184,7 @@ class VoiceAgent(Agent):
         self._carry: list[Future[str]] = []
         self._spec: Speculation | None = None  # a reply being prepared during a pause
         self._undo: _Undo | None = None  # the turn being answered, while it can merge
+        self._held: _Held | None = None  # a reply held for a possible backchannel
         self._quiet = 0  # ticks since the caller's last speech
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
@@ -233,11 +247,17 @@ class VoiceAgent(Agent):
             for old, speaking in self._preroll:  # the caller's first words belong to the turn
                 self._stt.push(old, speaking)
                 self._eot.push(old, speaking)
+                if self._held is not None:
+                    self._held.audio.append(old)
             self._preroll.clear()
             return
         self._stt.push(pcm16, self._user_speaking)
         self._eot.push(pcm16, self._user_speaking)
         self._quiet = 0 if self._user_speaking else self._quiet + 1
+        if self._held is not None:
+            self._held.audio.append(pcm16)
+            self._listen_held(self._held)
+            return  # no turn ends while a reply is held: it resumes, or the turn goes on
         if self._spec is not None and self._user_speaking:
             self._drop_speculation()  # it was a pause, not the end of the turn
         if self._speech_ticks * TICK_S * 1000 >= self.settings.min_speech_ms:
@@ -270,6 +290,7 @@ class VoiceAgent(Agent):
             self._interrupt_with([Say(event.text)])
         elif isinstance(event, PauseAgent) and not self.paused:
             self.paused = True
+            self._commit_hold()
             self._drop_speculation()
             if self._busy:
                 self._barge_in()  # stop talking, on the wire too
@@ -347,7 +368,10 @@ class VoiceAgent(Agent):
             undo is not None,
         )
         if undo is None or (undo.reply_tick is not None and onset - undo.reply_tick > MERGE_TICKS):
-            self._barge_in()
+            if self.profile.barge_in.backchannels:
+                self._hold()  # perhaps only "uh-huh": known when they pause
+            else:
+                self._barge_in()
             return
         self._undo = None
         self.merges += 1
@@ -364,6 +388,7 @@ class VoiceAgent(Agent):
     def _stop_reply(self) -> str:
         """Stop what we are saying (fading out on the wire), listen again; returns the part
         of it that was heard."""
+        self._held = None
         self._gen += 1
         self.gate.forget_recent()
         self._cancel.set()
@@ -378,6 +403,83 @@ class VoiceAgent(Agent):
         # the caller's words so far belong to the new turn: keep them
         self._speech_ticks = self._run
         return heard
+
+    # -- backchannels: hold the reply, then go on or give the floor --------------------------
+
+    def _hold(self) -> None:
+        """Speech over the reply that may be a backchannel: fade out as for a barge-in and
+        listen, but keep the reply (and its synthesis going) to go on with."""
+        self._held = _Held(self._turn)
+        self.gate.forget_recent()
+        if self._out is not None:
+            self._out.fade_out(FADE_MS)
+        self.playout.hold(fade_out_gain(round(RATE * FADE_MS / 1000)))
+        self._stt.reset()
+        self._eot.reset()
+        self._busy = False
+        self._speech_ticks = self._run
+
+    def _listen_held(self, held: _Held) -> None:
+        """The caller's speech over a held reply: long, it is theirs (a barge-in); at their
+        first pause, what did they say?"""
+        if self._user_speaking:
+            held.speech += 1
+            held.probe = None  # they went on: what an earlier pause held is not all of it
+            if held.speech * FRAME_MS > BACKCHANNEL_MAX_MS:
+                self._commit_hold()
+        elif held.probe is None and self._quiet * FRAME_MS >= SPECULATE_MS:
+            # the words since the hold, as one clip: an utterance this short is heard best
+            # whole (the transcriber's segments cut it at the VAD's flickers)
+            clip = np.concatenate(held.audio)
+            probe = held.probe = self.guard.executor("asr").submit(self.models.asr.transcribe, clip)
+            loop = self._loop
+            assert loop is not None
+            probe.add_done_callback(lambda f: loop.call_soon_threadsafe(self._probed, held, f))
+
+    def _probed(self, held: _Held, probe: Future[str]) -> None:
+        if self._held is not held or held.probe is not probe or self._closed:
+            return  # settled meanwhile, or the caller went on
+        try:
+            text = probe.result()
+        except Exception:  # the guard reports a failed model; here: not understood
+            text = ""
+        if is_backchannel(text, self.profile.barge_in.backchannels):
+            self._resume(text)
+        else:
+            log.debug("over a held reply: %r, not a backchannel", text)
+            self._commit_hold()
+
+    def _resume(self, text: str) -> None:
+        """A backchannel: no turn; the reply goes on from the word it stopped in."""
+        self._held = None
+        self.backchannels += 1
+        audio = self.playout.resume()
+        if audio.size and self._out is not None:
+            self._out.write(audio)
+        self._busy = True
+        self._stt.reset()
+        self._eot.reset()
+        self._speech_ticks = self._quiet = 0
+        log.info("backchannel %r: the reply goes on", text)
+
+    def _commit_hold(self) -> None:
+        """Not a backchannel: the held reply is dropped (a barge-in, reported as one), and
+        the caller's words, still being heard, make the turn they are taking."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        self.barge_ins += 1
+        self._undo = None
+        self._gen += 1  # the held reply's task and synthesis stop
+        self._cancel.set()
+        heard = self.playout.cut()
+        if self.engine is not None:
+            self.engine.played(heard)
+        if held.timing is not None:
+            held.timing.barged_in = True
+            if heard:
+                held.timing.heard.append(heard)
+            self._report(held.timing)
 
     def _interrupt_with(self, parts: list[ReplyPart]) -> None:
         """Say something now, whatever was going on (limits, a failed transfer)."""
@@ -460,6 +562,7 @@ class VoiceAgent(Agent):
     ) -> None:
         """Say and do a reply's parts in order; ``first``: its first piece, already spoken
         by the TTS (a speculation's)."""
+        self._commit_hold()  # a key, a command: the held reply is not going on
         self._busy = True
         self._cancel = threading.Event()
         gen = self._gen
@@ -523,7 +626,8 @@ class VoiceAgent(Agent):
             self.playout.write(audio)
             if self._drained is not None:
                 self._drained.clear()
-            self._out.write(audio)
+            if self._held is None:  # held: it waits here, to go on or to be dropped
+                self._out.write(audio)
 
         if first is not None:
             deliver(first[0], None)

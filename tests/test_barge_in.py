@@ -24,6 +24,7 @@ from barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
 from line_echo import at_level, espeak_voice
 from numpy.typing import NDArray
 
+from agent.base import HangupEvent
 from agent.voice import VoiceSettings
 
 QUESTION = "Hello, I would like to ask about my order, it has not arrived yet."
@@ -166,3 +167,41 @@ async def test_ten_minutes_of_our_voice_with_echo_and_no_false_barge_in() -> Non
     finally:
         await sim.stop()
     assert sim.agent.barge_ins == 0 and sim.agent.turns == []
+
+
+@pytest.mark.parametrize("word", ["Okay.", "Right.", "Uh-huh."])
+@aio
+async def test_a_backchannel_does_not_stop_the_greeting_and_is_no_turn(word: str) -> None:
+    """ "Okay." 3 s into the greeting, over its echo: the greeting pauses at most, goes on
+    from where it was, and plays to its end; no turn, no barge-in in the record."""
+    line = Line(12, 60, noise_dbfs=-60)
+    sim = Sim(line)
+    await sim.start()
+    greeting = sum(sim.out.sizes)
+    line.say_at(150, at_level(espeak_voice(word, "en-us"), -25))
+    try:
+        await sim.run(3000, lambda: sim.tick > 200 and not sim.agent.playout.playing, realtime=True)
+    finally:
+        await sim.stop()
+    agent = sim.agent
+    assert agent.backchannels == 1 and agent.barge_ins == 0 and agent.turns == []
+    assert [e for e in sim.out.events if not isinstance(e, HangupEvent)] == []
+    played = sim.out.queue.popped_samples
+    assert played >= greeting  # all of it went out (the word it paused in, twice)
+    assert agent.engine is not None and len(agent.engine.transcript) == 1  # the greeting
+
+
+@aio
+async def test_words_after_okay_are_a_barge_in() -> None:
+    line = Line(12, 60, noise_dbfs=-60)
+    sim = Sim(line)
+    await sim.start()
+    line.say_at(150, at_level(espeak_voice("Okay, what are your opening hours?", "en-us"), -25))
+    try:
+        await sim.run(
+            600, lambda: bool(sim.agent.turns and sim.agent.turns[0].asr_done), realtime=True
+        )
+    finally:
+        await sim.stop()
+    assert sim.agent.barge_ins == 1 and sim.agent.backchannels == 0
+    assert "hours" in sim.agent.turns[0].text.lower()

@@ -39,6 +39,19 @@ from agent.voice import VoiceAgent, VoiceSettings
 from agent.voice_models import FIRST_WORDS
 
 DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
+
+
+@functools.cache
+def no_backchannels() -> Path:
+    """The demo profile with backchannels off: every barge-in is final at once."""
+    import tempfile
+
+    text = DEMO.read_text().replace("[barge_in]\n", "[barge_in]\nbackchannels = []\n", 1)
+    path = Path(tempfile.mkdtemp()) / "demo-no-backchannels.toml"
+    path.write_text(text)
+    return path
+
+
 TTS_RATE = 22050
 WORD = 1764  # TTS samples per word: 80 ms at 22050 Hz, exactly 640 at 8 kHz
 WORD_8K = 640  # what the models hand the agent: 8 kHz, resampled in their executor
@@ -74,6 +87,8 @@ class FakeModels:
 
     def __init__(self) -> None:
         self.tts = SimpleNamespace(sample_rate=TTS_RATE, synthesize=self.synthesize)
+        # a whole clip's text (what a held reply's probe asks): the next canned text
+        self.asr = SimpleNamespace(transcribe=lambda pcm: self.asr_texts.popleft())
         self.executor = ThreadPoolExecutor(1)
         self.asr_texts: deque[str] = deque()
         self.finish_futures: deque[Future[str]] = deque()
@@ -346,7 +361,7 @@ async def test_a_turn_is_transcribed_answered_and_timed_in_order() -> None:
 
 @aio
 async def test_barge_in_cuts_the_reply_and_keeps_the_callers_words() -> None:
-    c = Call(greeted=False)
+    c = Call(no_backchannels(), greeted=False)
     c.models.hold = {GREETING[2]}  # the last sentence is still being synthesised
     async with c:
         await c.until(lambda: len(c.out.writes) == 2, "two sentences written")
@@ -579,7 +594,7 @@ def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
 
 @aio
 async def _talk_over_late() -> None:
-    async with Call() as c:
+    async with Call(no_backchannels()) as c:
         await c.turn("I would like to ask about")
         await c.tick(25)  # 500 ms of the reply played: past the window
         c.vad(True, True)
@@ -593,4 +608,52 @@ async def _talk_over_late() -> None:
         assert [t.caller_text for t in _turns_reported(c)] == [
             "I would like to ask about",
             "my order, please",
+        ]
+
+
+@aio
+async def test_a_backchannel_holds_the_reply_which_then_goes_on() -> None:
+    """ "Okay." over the greeting: it fades out as for any barge-in (it might have been the
+    start of a question), and when the caller pauses and it was only "okay", the greeting
+    goes on from where it stopped: no turn, no barge-in, all of it heard."""
+    async with Call(greeted=False) as c:
+        await c.tick(30)  # into the second sentence
+        c.models.asr_texts.append("Okay.")
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        assert c.out.flushes == [30 + BARGE_TICKS]
+        played = c.agent.playout.head
+        writes = len(c.out.writes)
+        c.vad(False, False)
+        await c.tick(4)  # 80 ms of pause: the agent asks what that was
+        await c.until(lambda: c.agent.backchannels == 1, "the backchannel")
+        # what was left goes out again, from a little before where it stopped
+        resumed = c.out.written(writes)
+        assert _len8k(GREETING) - played < resumed.size <= _len8k(GREETING) - played + 2400
+        await c.drain()
+        assert c.agent.turns == [] and c.agent.barge_ins == 0 and c.out.of("emit") == []
+        assert c.transcript == [("agent", " ".join(GREETING))]
+
+
+@aio
+async def test_words_over_a_held_reply_are_a_barge_in_and_a_turn() -> None:
+    async with Call(greeted=False) as c:
+        await c.tick(30)
+        c.models.asr_texts.extend(["when are you open", "when are you open"])
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        writes = len(c.out.writes)
+        c.vad(False, False)
+        await c.tick(4)
+        await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
+        assert c.agent.backchannels == 0 and len(c.out.writes) == writes  # nothing resumed
+        c.models.eot.fire = "model"
+        await c.tick(2)
+        await c.until(lambda: c.models.spoken[-1] == HOURS, "the answer")
+        await c.drain()
+        words = GREETING[1].split()[: int(14 * ((30 + BARGE_TICKS) * FRAME - 3200) / 8960)]
+        assert c.transcript == [
+            ("agent", f"{GREETING[0]} {' '.join(words)} ..."),
+            ("caller", "when are you open"),
+            ("agent", HOURS),
         ]
