@@ -41,6 +41,7 @@ TICK_S = 0.02
 _QUIET = 10.0 ** (-70 / 10) * 32768.0**2 * 160  # a tick's energy at -70 dBFS
 _ERL = 0.25  # before any evidence: echo 6 dB under our voice (G.168), none of it cancelled
 _PRIORS = 3
+_CONFUSED = 0.5  # while the canceller relearns: echo as loud as our voice 3 dB down
 _NOISE_S = 1.5
 _NOISE_OVER_MIN = 1.5  # a tick of noise is rarely under 2/3 of its mean power (160 samples)
 _MIN_EVIDENCE = 25  # windows (half a second) before the estimate-relative bound is used
@@ -82,6 +83,7 @@ class EchoGate:
         self._left: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # residual
         self._est: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # echo taken
         self._above: deque[bool] = deque([False] * self.window, maxlen=self.window)
+        self._mic: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # heard
         # the line's noise floor: the quietest residual tick of the last 1.5 s (speech, ours
         # or the caller's, has gaps between words), a little above that minimum
         self._recent: deque[float] = deque(maxlen=round(_NOISE_S / TICK_S))
@@ -108,6 +110,7 @@ class EchoGate:
         self._ours.append(e_ours)
         self._env.append(max(self._ours))  # our loudest tick that can still come back
         self._left.append(e_left)
+        self._mic.append(float(np.dot(heard.astype(np.float64), heard)))
         echo = self.canceller.echo
         self._est.append(float(np.dot(echo, echo)))
         self.residual_db = float(10 * np.log10(e_left / (32768.0**2 * res.size) + 1e-12))
@@ -115,10 +118,13 @@ class EchoGate:
         # needs half the window's ticks above it, so a click or a cough (a tick or two,
         # however loud) does not stop us, nor does one loud syllable of residual echo
         echo_now = min(self.bound * self._env[-1], self.est_bound * self._est[-1])
+        confused = self.confused
+        if confused:
+            echo_now = max(echo_now, _CONFUSED * self._env[-1] / self._margin)
         self._recent.append(max(e_left, _QUIET))
         self._noise = _NOISE_OVER_MIN * min(self._recent)
         self._above.append(e_left > self._margin**0.5 * (echo_now + self._noise))
-        if self.canceller.active and not self.caller_louder():
+        if self.canceller.active and not confused and not self.caller_louder():
             self._learn()
         out: NDArray[np.int16] = np.clip(np.rint(res), -32768, 32767).astype(np.int16)
         return out
@@ -144,12 +150,27 @@ class EchoGate:
         """The caller barged in: the windows not yet counted held their voice, not echo."""
         self._pending.clear()
 
+    @property
+    def confused(self) -> bool:
+        """The canceller takes out little of what it estimates as echo: its estimate is
+        at least half of what came back, yet the residual is not 6 dB under that. The echo
+        path moved a lot (a jitter buffer resized, a line rerouted) and it has to learn it
+        again: until then its residual can be mostly echo, and only a caller louder than
+        our own voice 3 dB down counts (the old rule, a little stricter). A caller over a
+        canceller that works leaves it far from this: the residual is them, and what came
+        back is much more than the estimate (a loud caller) or than the residual (a quiet
+        one)."""
+        mic, left = sum(self._mic), sum(self._left)
+        return sum(self._est) > 0.5 * mic and mic < 4.0 * left
+
     def caller_louder(self) -> bool:
         if 2 * sum(self._above) < self.window:
             return False
         env, left = sum(self._env), sum(self._left)
         floor = self.window * self._noise
         echo = min(self.bound * env, self.est_bound * sum(self._est))
+        if self.confused:
+            echo = max(echo, _CONFUSED * env / self._margin)
         return left > self._margin * (echo + floor)
 
 

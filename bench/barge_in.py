@@ -207,11 +207,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--minutes", type=float, default=10.0, help="agent speech per echo line")
     p.add_argument("--rules", default="after,before", help="after (canceller), before (old)")
     p.add_argument("--quick", action="store_true", help="fewer voices, levels and onsets")
+    p.add_argument("--out", default="barge_in.json", help="file name under bench/out")
     args = p.parse_args(argv)
     rules = [r for r in args.rules.split(",") if r]
     result = asyncio.run(run(args.minutes, rules, args.quick))
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "barge_in.json").write_text(json.dumps(result, indent=2))
+    (OUT / args.out).write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))
     return 0
 
