@@ -44,6 +44,7 @@ _PRIORS = 3
 _CONFUSED = 0.5  # while the canceller relearns: echo as loud as our voice 3 dB down
 _NOISE_S = 1.5
 _NOISE_OVER_MIN = 1.5  # a tick of noise is rarely under 2/3 of its mean power (160 samples)
+_BOUND_EVERY = 5  # ticks between updates of the learnt bounds
 _MIN_EVIDENCE = 25  # windows (half a second) before the estimate-relative bound is used
 
 
@@ -100,6 +101,7 @@ class EchoGate:
         # the same, relative to the echo the canceller took out: once it has converged, that
         # estimate follows the echo in time (no delay to allow for) and bounds it tighter
         self._est_ratios: deque[float] = deque(maxlen=self._ratios.maxlen)
+        self._learnt = 0
         self.est_bound = float("inf")
         self.residual_db = -120.0  # the last tick's residual level, for logs and benches
 
@@ -139,11 +141,13 @@ class EchoGate:
         if len(self._pending) == self._pending.maxlen:
             by_voice, by_estimate = self._pending[0]
             self._ratios.append(by_voice)
-            self.bound = float(np.percentile(self._ratios, 90))
             if by_estimate is not None:
                 self._est_ratios.append(by_estimate)
+            self._learnt += 1
+            if self._learnt % _BOUND_EVERY == 0:  # a percentile each tick is most of the cost
+                self.bound = _p90(self._ratios)
                 if len(self._est_ratios) >= _MIN_EVIDENCE:
-                    self.est_bound = float(np.percentile(self._est_ratios, 90))
+                    self.est_bound = _p90(self._est_ratios)
         self._pending.append((left / env, left / est if est > env * 1e-4 else None))
 
     def forget_recent(self) -> None:
@@ -172,6 +176,12 @@ class EchoGate:
         if self.confused:
             echo = max(echo, _CONFUSED * env / self._margin)
         return left > self._margin * (echo + floor)
+
+
+def _p90(values: deque[float]) -> float:
+    a = np.fromiter(values, np.float64, len(values))
+    k = min(a.size - 1, int(0.9 * a.size))
+    return float(np.partition(a, k)[k])
 
 
 class LoudnessGate:

@@ -92,6 +92,11 @@ class EchoCanceller:
         self.resets = 0  # foreground -> background resets (the background wandered off)
 
     @property
+    def _span(self) -> tuple[int, int]:
+        """The partitions that work: the echo's, once found; all of them before."""
+        return self.window if self.window is not None else (0, self.partitions)
+
+    @property
     def adapted(self) -> bool:
         """The filter has had about as many full steps as it has partitions."""
         return self._adapted >= self.partitions
@@ -175,7 +180,7 @@ class EchoCanceller:
     def _adapt(self, err: _F64, echo: _F64, ref_energy: float) -> None:
         """One normalised, proportionate step of the background filter towards ``err``,
         each bin's step scaled by how much of its error is echo (see :meth:`_rates`)."""
-        n, p = self.block, self.partitions
+        n = self.block
         pad = np.zeros(n)
         e = np.fft.rfft(np.concatenate((pad, err)))
         y = np.fft.rfft(np.concatenate((pad, echo)))
@@ -183,27 +188,30 @@ class EchoCanceller:
         if rate is None:
             return
         # IPNLMS: half the step shared evenly, half in proportion to each partition's size,
-        # normalised per bin by the reference power the filter sees, weighted the same way
-        size = np.sqrt(np.einsum("pk,pk->p", self._bg.real, self._bg.real) +
-                       np.einsum("pk,pk->p", self._bg.imag, self._bg.imag))  # fmt: skip
+        # normalised per bin by the reference power the filter sees, weighted the same way;
+        # once the echo is found, over its partitions only (the others stay zero)
+        lo, hi = self._span
+        bg, xs = self._bg[lo:hi], self._x[lo:hi]
+        size = np.sqrt(np.einsum("pk,pk->p", bg.real, bg.real) +
+                       np.einsum("pk,pk->p", bg.imag, bg.imag))  # fmt: skip
         total = float(size.sum())
-        share = np.full(p, 1.0 / p) if total <= 0.0 else 0.5 / p + 0.5 * size / total
-        if self.window is not None:  # the echo's partitions only
-            lo, hi = self.window
-            share[:lo] = 0.0
-            share[hi:] = 0.0
+        m = hi - lo
+        if total <= 0.0:
+            share = np.full(m, 1.0 / m)
+        else:  # (the even half as over the whole tail: the echo's partitions lead)
+            share = 0.5 / self.partitions + 0.5 * size / total
             share /= share.sum()
-        power = share @ (self._x.real**2 + self._x.imag**2)
+        power = share @ (xs.real**2 + xs.imag**2)
         gain = self.step * rate / (power + 1e-2 * float(power.mean()) + 1.0)  # quiet bins
-        grad = np.conj(self._x) * (e * gain)[None, :]
-        self._bg += share[:, None] * grad
+        bg += share[:, None] * (np.conj(xs) * (e * gain)[None, :])
         # the gradient constraint (the filter is N taps per partition, not 2N), applied to
         # one partition per block in turn (Speex's "AUMDF"): cheap, and stable
         j = self._constrain
-        taps = np.fft.irfft(self._bg[j], 2 * n)
-        taps[n:] = 0.0
-        self._bg[j] = np.fft.rfft(taps)
-        self._constrain = (j + 1) % p
+        if lo <= j < hi:  # (the others are zero: nothing to constrain)
+            taps = np.fft.irfft(self._bg[j], 2 * n)
+            taps[n:] = 0.0
+            self._bg[j] = np.fft.rfft(taps)
+        self._constrain = (j + 1) % self.partitions
 
     def _rates(
         self, e: _C128, y: _C128, s_ee: float, s_yy: float, s_xx: float
