@@ -48,7 +48,7 @@ class EchoCanceller:
     """
 
     def __init__(
-        self, *, rate: int = 8000, block: int = 160, tail_ms: float = 400.0, step: float = 1.0
+        self, *, rate: int = 8000, block: int = 160, tail_ms: float = 320.0, step: float = 1.0
     ) -> None:
         if block <= 0 or rate <= 0 or tail_ms <= 0:
             raise ValueError("rate, block and tail_ms must be positive")
