@@ -89,12 +89,10 @@ class WireCaller:
     ) -> None:
         """``echo_db``: a line echo, what we hear sent back ``echo_delay_ms`` later this many
         dB down (a 2-wire hybrid's return loss), mixed into what we say. ``line_echo``: any
-        echo path instead (e.g. tests/line_echo.py's: exact delay, a hybrid's colouring),
-        fed every frame heard and returning the echo of it, sample for sample."""
-        self._line_echo = line_echo
+        echo path instead (e.g. tests/line_echo.py's with a hybrid's colouring), fed every
+        frame our phone plays and returning the echo of it, sample for sample."""
         self.target = target
         self._echo_gain = None if echo_db is None else 10 ** (-echo_db / 20)
-        self._echo: deque[NDArray[np.int16]] = deque()
         # line_echo: what we hear, placed by RTP timestamp on our own sample clock, 60 ms
         # behind and deeper after a late packet (a phone's jitter buffer): the echo's
         # delay then stays what it is, whatever the packets' arrival jitter
@@ -103,6 +101,7 @@ class WireCaller:
         self._frame0 = 0
         self._sent_frames = 0
         self._echo_frames = max(1, echo_delay_ms // 20)
+        self._line_echo = line_echo
         self.codec = codec
         self.host = host
         self.log = WireLog()
@@ -222,9 +221,6 @@ class WireCaller:
             if self._line_echo is not None:
                 back = self._line_echo.process(self._played_out())
                 frame = np.clip(frame + back, -32768, 32767).astype(np.int16)
-            elif self._echo_gain is not None and len(self._echo) > self._echo_frames:
-                back = self._echo.popleft().astype(np.float64) * self._echo_gain
-                frame = np.clip(frame + back, -32768, 32767).astype(np.int16)
             if self._rtp is not None and self._remote is not None:
                 payload = self._encode(frame).tobytes()
                 self._rtp.sendto(self._sender.next_packet(payload, FRAME), self._remote)
@@ -258,8 +254,6 @@ class WireCaller:
         pcm = self._decode(pkt.payload)
         self.log.received.append((asyncio.get_running_loop().time(), level_dbfs(pcm)))
         self.log.heard.append(pcm)
-        if self._echo_gain is not None and pcm.size == FRAME:
-            self._echo.append(pcm)
         if self._line_echo is not None and pcm.size == FRAME:
             self._place(pkt.timestamp, pcm)
 
