@@ -183,6 +183,15 @@ class LlmSettings:
 class BargeIn:
     enabled: bool = True
     min_speech_ms: int = 200
+    # normalised phrases that, said alone while the agent talks, are no turn and do not
+    # stop it for good (agent.backchannel); empty: every barge-in is a turn
+    backchannels: tuple[tuple[str, ...], ...] = field(default_factory=lambda: _defaults())
+
+
+def _defaults() -> tuple[tuple[str, ...], ...]:
+    from agent.backchannel import DEFAULT_BACKCHANNELS, phrases  # it imports normalize
+
+    return phrases(DEFAULT_BACKCHANNELS)
 
 
 @dataclass(frozen=True)

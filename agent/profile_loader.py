@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -54,7 +55,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "limits": {"max_turns": _INT, "max_call_s": _NUM, "closing": _STR},
     "fallback": _keys(_STR, "escalate_reply escalate_transfer transfer_failed")
     | {"replies": _LIST, "escalate_after": _INT},
-    "barge_in": {"enabled": _BOOL, "min_speech_ms": _INT},
+    "barge_in": {"enabled": _BOOL, "min_speech_ms": _INT, "backchannels": _LIST},
     "voice": {"length_scale": _NUM},
     "transfer": {"hold_audio": _STR},
     "hours": _keys(_STR, "timezone after_hours_profile mon tue wed thu fri sat sun")
@@ -217,8 +218,10 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
             _opt(ld, "limits", "closing", lim, known) or limits.closing,
         )
     bi = ld.table("barge_in", data.get("barge_in", {}), "barge_in")
-    barge_in = BargeIn(**bi)
+    barge_in = BargeIn(**{k: v for k, v in bi.items() if k != "backchannels"})
     ld.number("barge_in", "min_speech_ms", barge_in.min_speech_ms, 0, 5000)
+    if "backchannels" in bi:
+        barge_in = replace(barge_in, backchannels=_build_backchannels(ld, bi["backchannels"]))
     vo = ld.table("voice", data.get("voice", {}), "voice")
     voice = Voice(float(vo.get("length_scale", 1.0)))
     ld.number("voice", "length_scale", voice.length_scale, 0.5, 2.0)
@@ -282,6 +285,18 @@ def _build_transfer(ld: _Loader, raw: Any) -> TransferSettings:
     except ValueError as exc:
         ld.fail("transfer", "hold_audio", str(exc))
     return TransferSettings(hold_audio=str(f))
+
+
+def _build_backchannels(ld: _Loader, raw: list[str]) -> tuple[tuple[str, ...], ...]:
+    out = []
+    for text in raw:
+        words = normalize(text)
+        if not words:
+            ld.fail("barge_in", "backchannels", f"{text!r} has no words")
+        if len(words) > 3:
+            ld.fail("barge_in", "backchannels", f"{text!r}: a backchannel is 1-3 words")
+        out.append(words)
+    return tuple(out)
 
 
 def _build_hours(ld: _Loader, raw: Any) -> BusinessHours | None:

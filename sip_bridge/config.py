@@ -132,6 +132,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "agent.voice": {
         "profile": (str,),
         "echo_margin_db": (int, float),
+        "echo_canceller": (bool,),
         "turn_threshold": (int, float),
         "pause_ms": (int,),
         "max_silence_ms": (int,),

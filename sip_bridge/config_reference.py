@@ -62,7 +62,9 @@ MEANINGS: dict[str, str] = {
     "agent.on_model_fault": '`"hangup"` (BYE after the prompt) or `"transfer"` (REFER)',
     "agent.fault_transfer_to": 'where `"transfer"` sends the caller: a `sip:` URI or a number',
     "agent.voice.profile": "the dialogue (config/agents/README.md), relative to the file",
-    "agent.voice.echo_margin_db": "barge-in: the caller must be this much above our echo",
+    "agent.voice.echo_canceller": "take our line echo out and decide barge-in on what is "
+    "left (false: the old loudness rule)",
+    "agent.voice.echo_margin_db": "barge-in: the caller must be this much above the echo left",
     "agent.voice.turn_threshold": "smart-turn probability that ends a turn at a pause",
     "agent.voice.pause_ms": "silence after speech before smart-turn is asked",
     "agent.voice.max_silence_ms": "silence that ends a turn whatever the model says",

@@ -63,6 +63,18 @@ def test_minimal_profile_gets_defaults(tmp_path: Path) -> None:
     assert prof.intents[0].then.reply.render(prof.variables) == "We're open 9 to 5."
 
 
+def test_backchannels_default_listed_or_off(tmp_path: Path) -> None:
+    default = load_profile(_write(tmp_path, MINIMAL)).barge_in.backchannels
+    assert ("uh", "huh") in default and ("okay",) in default and ("yes",) not in default
+    own = MINIMAL + '[barge_in]\nbackchannels = ["Uh-huh", "you bet"]\n'
+    assert load_profile(_write(tmp_path, own)).barge_in.backchannels == (
+        ("uh", "huh"),
+        ("you", "bet"),
+    )
+    off = MINIMAL + "[barge_in]\nbackchannels = []\n"
+    assert load_profile(_write(tmp_path, off)).barge_in.backchannels == ()
+
+
 def test_llm_section_is_read(tmp_path: Path) -> None:
     text = MINIMAL + (
         '[llm]\nmode = "primary"\nbase_url = "http://127.0.0.1:8080/v1"\nmodel = "m"\n'
@@ -139,6 +151,15 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             "unknown placeholder {nothing}",
         ),
         ('[slots.s]\ntype = "text"\nprompt = "?"\n', 11, "slots.s.type", "not one of digits"),
+        ('[barge_in]\nbackchannels = "okay"\n', 11, "barge_in.backchannels", "expected list"),
+        ("[barge_in]\nbackchannels = [1]\n", 11, "barge_in.backchannels", "list of strings"),
+        ('[barge_in]\nbackchannels = ["..."]\n', 11, "barge_in.backchannels", "has no words"),
+        (
+            '[barge_in]\nbackchannels = ["yes I see that now"]\n',
+            11,
+            "barge_in.backchannels",
+            "1-3 words",
+        ),
         ('[slots.s]\ntype = "digits"\n', 10, "slots.s.prompt", "is required"),
         ('[fallback]\nreplies = ["Sorry {who}?"]\n', 11, "fallback.replies", "{who}"),
         (

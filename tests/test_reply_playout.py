@@ -215,3 +215,21 @@ def test_a_tone_aside_is_heard_but_says_nothing() -> None:
     p.write_aside(_const(320), "One moment.")
     p.advance(160)
     assert p.cut() == "One ..."
+
+
+def test_cut_with_a_fade_keeps_the_faded_samples_playing() -> None:
+    """The bridge plays the fade, so the agent's model plays it too (it is the echo
+    canceller's reference): the next samples, multiplied by the same gain, then nothing."""
+    p = ReplyPlayout()
+    p.begin_sentence("one two three four")
+    audio = _noise(4000, 3)
+    p.write(audio[:1500])
+    p.write(audio[1500:])
+    p.play(1000)
+    gain = np.linspace(1.0, 0.0, 800, endpoint=False)
+    assert p.cut(gain) == "one ..."
+    assert p.playing and p.queued == 800
+    faded = np.concatenate([p.play(TICK) for _ in range(5)])
+    assert np.array_equal(faded, np.rint(audio[1000:1800] * gain).astype(np.int16))
+    assert not p.playing and not p.play(TICK).any()
+    assert p.take_heard() == ""  # the fade is no sentence: nothing more was "said"

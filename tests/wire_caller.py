@@ -18,6 +18,7 @@ import wave
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
@@ -56,6 +57,10 @@ def level_dbfs(pcm: NDArray[np.int16]) -> float:
     return float(20 * np.log10(max(rms, 1e-3) / 32768))
 
 
+class LineEchoPath(Protocol):
+    def process(self, sent: NDArray[np.int16]) -> NDArray[np.float64]: ...
+
+
 @dataclass
 class WireLog:
     sent: list[tuple[float, float]] = field(default_factory=list)  # (loop time, dBFS)
@@ -85,11 +90,14 @@ class WireCaller:
         echo_delay_ms: int = 120,
         dtmf: bool = False,
         transferee: bool = False,
+        line_echo: LineEchoPath | None = None,
     ) -> None:
         """``echo_db``: a line echo, what we hear sent back ``echo_delay_ms`` later this many
-        dB down (a 2-wire hybrid's return loss), mixed into what we say. ``dtmf``: offer
-        telephone-event, so :meth:`press` sends RFC 4733 keys. ``transferee``: follow a
-        REFER (call the target, NOTIFY its progress; :attr:`transfer`)."""
+        dB down (a 2-wire hybrid's return loss), mixed into what we say. ``line_echo``: any
+        echo path instead (e.g. tests/line_echo.py's with a hybrid's colouring), fed every
+        frame our phone plays and returning the echo of it, sample for sample. ``dtmf``:
+        offer telephone-event, so :meth:`press` sends RFC 4733 keys. ``transferee``: follow
+        a REFER (call the target, NOTIFY its progress; :attr:`transfer`)."""
         self.dtmf = dtmf
         self.transferee = transferee
         self.transfer: Transferee | None = None
@@ -97,8 +105,15 @@ class WireCaller:
         self._pressing: str | None = None
         self.target = target
         self._echo_gain = None if echo_db is None else 10 ** (-echo_db / 20)
-        self._echo: deque[NDArray[np.int16]] = deque()
+        # line_echo: what we hear, placed by RTP timestamp on our own sample clock, 60 ms
+        # behind and deeper after a late packet (a phone's jitter buffer): the echo's
+        # delay then stays what it is, whatever the packets' arrival jitter
+        self._playout: dict[int, NDArray[np.int16]] = {}  # frame index on our clock
+        self._ts0: int | None = None
+        self._frame0 = 0
+        self._sent_frames = 0
         self._echo_frames = max(1, echo_delay_ms // 20)
+        self._line_echo = line_echo
         self.codec = codec
         self.host = host
         self.log = WireLog()
@@ -263,15 +278,29 @@ class WireCaller:
                 await asyncio.sleep(max(0.0, t - loop.time()))
                 continue
             frame = self._queue.popleft() if self._queue else silence
-            if self._echo_gain is not None and len(self._echo) > self._echo_frames:
-                back = self._echo.popleft().astype(np.float64) * self._echo_gain
+            if self._line_echo is not None:
+                back = self._line_echo.process(self._played_out())
                 frame = np.clip(frame + back, -32768, 32767).astype(np.int16)
             if self._rtp is not None and self._remote is not None:
                 payload = self._encode(frame).tobytes()
                 self._rtp.sendto(self._sender.next_packet(payload, FRAME), self._remote)
                 self.log.sent.append((loop.time(), level_dbfs(frame)))
+            self._sent_frames += 1
             t += FRAME / 8000
             await asyncio.sleep(max(0.0, t - loop.time()))
+
+    def _place(self, timestamp: int, pcm: NDArray[np.int16]) -> None:
+        if self._ts0 is None:
+            self._ts0, self._frame0 = timestamp, self._sent_frames + 3  # 60 ms behind
+        k = self._frame0 + ((timestamp - self._ts0) % 2**32) // FRAME
+        if k < self._sent_frames:  # too late: like a phone's buffer, grow (and stay) 60 ms
+            self._frame0 += self._sent_frames + 3 - k  # deeper than this packet needed
+            k = self._sent_frames + 3
+        self._playout[k] = pcm
+
+    def _played_out(self) -> NDArray[np.int16]:
+        """The frame our phone plays now (silence where nothing arrived in time)."""
+        return self._playout.pop(self._sent_frames, np.zeros(FRAME, np.int16))
 
     def _on_rtp(self, data: bytes) -> None:
         if looks_like_rtcp(data):
@@ -285,8 +314,8 @@ class WireCaller:
         pcm = self._decode(pkt.payload)
         self.log.received.append((asyncio.get_running_loop().time(), level_dbfs(pcm)))
         self.log.heard.append(pcm)
-        if self._echo_gain is not None and pcm.size == FRAME:
-            self._echo.append(pcm)
+        if self._line_echo is not None and pcm.size == FRAME:
+            self._place(pkt.timestamp, pcm)
 
     async def hangup(self) -> None:
         if self._sip is not None and self.answered.is_set() and not self.ended.is_set():
