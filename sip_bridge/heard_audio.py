@@ -183,7 +183,9 @@ def barge_in_reaction(
 ) -> Reaction | None:
     """How the agent reacted to the caller talking from ``onset`` to ``caller_end``; None
     while that cannot be told yet (at ``now``)."""
-    before = heard.loud_between(onset - 0.2 - FRAME_S, onset)
+    # talking: a sound within a stop's length before (a pause between sentences is not
+    # the end of what the agent is saying)
+    before = heard.loud_between(onset - stop_silence_s, onset)
     if not before:
         return Reaction(onset, caller_end, False, None)
     limit = max(caller_end, onset) + keep_s

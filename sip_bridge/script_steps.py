@@ -187,6 +187,9 @@ class ScriptPlayer:
         # after the last expect or wait (a backchannel does not count), else where that ended.
         self._mark = answered_at
         self._mark_set = False
+        # What an expect heard after its match (the agent said two things in one breath):
+        # the next expect hears it first. A new caller action or a wait drops it.
+        self._carry = ""
         self._wait_from = answered_at  # the caller is waiting for the agent from here
         self._spans: list[Span] = []
         self._scopes: list[tuple[NoDeadAir, float, int]] = []  # step, from, result index
@@ -216,7 +219,7 @@ class ScriptPlayer:
             end = timing.done if isinstance(action.step, Dtmf) else timing.end
             if end is not None and action.step.barge_in is not False:
                 if not self._mark_set:  # the agent's answer to it is heard from here on
-                    self._mark, self._mark_set = timing.start, True
+                    self._mark, self._mark_set, self._carry = timing.start, True, ""
                 self._wait_from = end
         return self.tick(now)
 
@@ -410,14 +413,14 @@ class ScriptPlayer:
             t = self.heard.first_loud(self._step_start - 0.1)
             if t is not None:
                 self._wait_span(t, False)
-                self._mark, self._mark_set = t, False
+                self._mark, self._mark_set, self._carry = t, False, ""
                 return True, f"the agent spoke at {t - self.t0:.2f} s"
         else:
             last = self.heard.last_loud_end(now)
             since = now - max(last or -math.inf, self._step_start)
             if since >= quiet and (last is None or now - last >= quiet):
                 self._wait_span(last or self._wait_from, False)
-                self._mark, self._mark_set = now, False  # what it said is not expected
+                self._mark, self._mark_set, self._carry = now, False, ""  # not expected
                 return True, ""
         if self._ended():
             return (True, "") if step.until == "silence" else (False, "the far end hung up")
@@ -451,14 +454,16 @@ class ScriptPlayer:
                     out.append(Transcribe(start, seg.end))
                 continue
             texts.append(self._transcripts[key])
-        heard = " ".join(t for t in texts if t)
+        heard = " ".join(t for t in (self._carry, *texts) if t)
         if step.forbid and re.search(step.forbid, heard, re.IGNORECASE):
             self._wait_span(replies[-1].end if replies else now, False)
             return False, f'heard "{heard}" (matches not /{step.forbid}/)'
-        if re.search(step.pattern, heard, re.IGNORECASE) and (complete or final):
-            end = replies[-1].end if replies else now
+        match = re.search(step.pattern, heard, re.IGNORECASE)
+        if match and (complete or final):
+            end = replies[-1].end if replies else self._wait_from
             self._wait_span(end, False)
-            self._mark, self._mark_set = end, False
+            self._mark, self._mark_set = max(end, self._mark), False
+            self._carry = heard[match.end() :].strip()
             return True, f'heard "{heard}"'
         if final and (complete or now >= (self._deadline or now)):
             # silence to the end is dead air when the agent said nothing since the caller

@@ -297,3 +297,24 @@ def test_a_call_that_fails_fails_its_first_step(tmp_path: Path) -> None:
     sim.player.finish(0.0)
     assert sim.statuses() == ["FAIL", "SKIP"]
     assert sim.detail(1).startswith("the call failed: 486 Busy Here")
+
+
+def test_two_things_in_one_breath_are_two_expects(tmp_path: Path) -> None:
+    """The transfer fails at once: "Please hold. Sorry, nobody is free." is one reply; the
+    second expect hears what the first did not need."""
+    call = Call([(0.2, 4.0, "Sure, please hold. Sorry, nobody is free.")])
+    text = '[[step]]\nexpect = "hold"\n[[step]]\nexpect = "nobody is free"\ntimeout_s = 3\n'
+    sim = Sim(text, call, tmp_path)
+    sim.run()
+    assert sim.statuses() == ["PASS", "PASS"]
+    assert sim.detail(2) == 'heard "sorry nobody is free"'
+    # a new caller action starts afresh: what was left over is not its answer
+    call = Call([(0.2, 4.0, "Sure, please hold. Sorry, nobody is free.")])
+    sim = Sim(
+        '[[step]]\nexpect = "hold"\n[[step]]\nsay = "x"\n[[step]]\nexpect = "nobody"\n'
+        "timeout_s = 3\n",
+        call,
+        tmp_path,
+    )
+    sim.run()
+    assert sim.statuses() == ["PASS", "PASS", "FAIL"]
