@@ -69,8 +69,10 @@ class RunOptions:
     line: LineOptions = field(default_factory=LineOptions)
     transfer_proxy: tuple[str, int] | None = None  # where the call to a REFER's target goes
     transfer_ring_s: float = 60.0  # give up ringing a REFER's target after this long
+    follow_refer: bool = True  # False: take a REFER, then decline to call (NOTIFY 603)
     keep_going: bool = False  # play the steps after a failure too
     local_host: str | None = None  # default: the address that routes to the target
+    caller_user: str = "sip-bridge-script"  # the user part of our From
 
 
 class Transcriber:
@@ -188,7 +190,7 @@ class _Run:
         self.leg = ScriptLeg(host, self.opts.line, self.heard, self._sent)
         await self.leg.open()
         media = media_config(host, self.leg.port, self.opts.line.codec)
-        self.sip = SipLeg(target, dest, media, self._on_sip,
+        self.sip = SipLeg(target, dest, media, self._on_sip, user=self.opts.caller_user,
                           answer_timeout_s=self.script.answer_timeout_s)  # fmt: skip
         await self.sip.start()
         with contextlib.suppress(TimeoutError):
@@ -306,15 +308,18 @@ class _Run:
         sip = self.sip
         assert sip is not None and self.leg is not None
         sip.command("notify", "100", "Trying")
+        if not self.opts.follow_refer:
+            sip.command("notify", "603", "Declined")
+            self._transfer_result("rejected", 603)
+            return
         if not target.lower().startswith("sip"):
             sip.command("notify", "416", "Unsupported URI Scheme")
             self._transfer_result("rejected", 416)
             return
         dest = self.opts.transfer_proxy or await resolve_target(SipUri.parse(target))
         host = self.leg.host
-        heard = HeardAudio()
-        leg = ScriptLeg(host, LineOptions(codec=self.opts.line.codec), heard, lambda *_: None)
-        await leg.open()
+        leg = ScriptLeg(host, LineOptions(codec=self.opts.line.codec), HeardAudio(),
+                        lambda *_: None)  # fmt: skip
         ringing = False
 
         def on_event(ev: UacEvent) -> None:
@@ -331,9 +336,10 @@ class _Run:
                 result = "no_answer" if ev.status in _NO_ANSWER else "rejected"
                 self._transfer_result(result, ev.status)
 
+        await leg.open()
         media = media_config(host, leg.port, self.opts.line.codec)
         new = SipLeg(target, dest, media, on_event, answer_timeout_s=self.opts.transfer_ring_s)
-        self.transfer = (new, leg)
+        self.transfer = (new, leg)  # closed with the call, whatever happens next
         await new.start()
 
     def _transfer_result(self, result: str, status: int) -> None:
@@ -345,7 +351,8 @@ class _Run:
             await self.sip.hangup()
         if self.transfer is not None:
             new, leg = self.transfer
-            await new.hangup()
+            if new.uac is not None:
+                await new.hangup()
             await new.close()
             await leg.close()
         for task in list(self.tasks):

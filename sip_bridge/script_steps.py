@@ -59,6 +59,7 @@ __all__ = [
     "SendDtmf",
     "StepResult",
     "Summary",
+    "TalkOver",
     "Transcribe",
     "normalize_transcript",
 ]
@@ -126,13 +127,32 @@ class StepResult:
         return "SKIP" if self.passed is None else "PASS" if self.passed else "FAIL"
 
 
+@dataclass(frozen=True, slots=True)
+class TalkOver:
+    """The caller spoke (or pressed a key) while the agent was talking, at step ``step``;
+    ``barge_in`` is that step's own (None: the script did not say what should happen)."""
+
+    step: int
+    key: bool
+    barge_in: bool | None
+    reaction: Reaction
+
+
 @dataclass
 class Summary:
     """The call's conversation figures, measured on what the caller sent and heard."""
 
     turn_latencies_s: list[float] = field(default_factory=list)
-    reactions: list[Reaction] = field(default_factory=list)  # caller talking over the agent
+    talk_overs: list[TalkOver] = field(default_factory=list)
     dead_air: list[Gap] = field(default_factory=list)
+    sent: list[tuple[Speak | Dtmf, CallerTiming]] = field(default_factory=list)  # in order
+    transfer_at: float | None = None  # when the REFER's call had its outcome
+
+    @property
+    def reactions(self) -> list[Reaction]:
+        """How the agent reacted to the caller talking over it (keys are not measured: a
+        key's answer follows the cut at once)."""
+        return [o.reaction for o in self.talk_overs if not o.key]
 
     @property
     def longest_dead_air_s(self) -> float:
@@ -271,6 +291,8 @@ class ScriptPlayer:
                     f"({len(mine)} waits, {sum(g.seconds for g in mine):.1f} s in all)"
                 )
         sent = [(a.step, a.timing) for a in self._actions if a.timing is not None]
+        summary.sent = sent
+        summary.transfer_at = self.transfer[0] if self.transfer is not None else None
         for n, (act, t) in enumerate(sent):
             until = sent[n + 1][1].start if n + 1 < len(sent) else now
             end = t.done if isinstance(act, Dtmf) else t.end
@@ -278,10 +300,12 @@ class ScriptPlayer:
                 lat = turn_latency(self.heard, end, until)
                 if lat is not None:
                     summary.turn_latencies_s.append(lat)
-            if isinstance(act, Speak) and t.onset is not None and t.end is not None:
-                r = barge_in_reaction(self.heard, t.onset, t.end, math.inf)
+            key = isinstance(act, Dtmf)
+            onset, over = (t.start, t.done) if key else (t.onset, t.end)
+            if onset is not None and over is not None:
+                r = barge_in_reaction(self.heard, onset, over, math.inf)
                 if r is not None and r.talking:
-                    summary.reactions.append(r)
+                    summary.talk_overs.append(TalkOver(act.index, key, act.barge_in, r))
         return summary
 
     # ------------------------------------------------------------------ stepping
