@@ -117,6 +117,12 @@ class Script:
     within_ms: int = 400  # the default barge-in bound: min_speech_ms 250 + 150
 
 
+def _barge_text(barge_in: bool | None, within_ms: int) -> str:
+    if barge_in is None:
+        return ""
+    return f" (barge in, stop within {within_ms} ms)" if barge_in else " (must not stop the agent)"
+
+
 @dataclass(frozen=True)
 class _StepBase:
     index: int  # 1-based, as printed
@@ -146,11 +152,7 @@ class Speak(_StepBase):
 
     def describe(self) -> str:
         what = f'say "{self.text}"' if self.wav is None else f"play {self.wav.name}"
-        if self.barge_in is True:
-            what += f" (barge in, stop within {self.within_ms} ms)"
-        elif self.barge_in is False:
-            what += " (must not stop the agent)"
-        return what
+        return what + _barge_text(self.barge_in, self.within_ms)
 
 
 @dataclass(frozen=True)
@@ -168,12 +170,7 @@ class Dtmf(_StepBase):
     kind = "dtmf"
 
     def describe(self) -> str:
-        what = f"press {self.digits} ({self.method})"
-        if self.barge_in is True:
-            what += f" (barge in, stop within {self.within_ms} ms)"
-        elif self.barge_in is False:
-            what += " (must not stop the agent)"
-        return what
+        return f"press {self.digits} ({self.method})" + _barge_text(self.barge_in, self.within_ms)
 
 
 @dataclass(frozen=True)

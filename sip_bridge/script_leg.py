@@ -32,7 +32,7 @@ from sip_bridge.heard_audio import SPEECH_DBFS, HeardAudio, frame_dbfs
 from sip_bridge.line_sim import LineEcho, PacketSchedule
 from sip_bridge.offer_answer import MediaConfig, NegotiatedMedia
 from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
-from sip_bridge.script_steps import CallerTiming
+from sip_bridge.script_actions import CallerTiming
 from sip_bridge.transaction import SendMessage
 from sip_bridge.transport import Received, SipTransport
 from sip_bridge.uac import (

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sip_bridge.script_actions import StepResult, Summary
 from sip_bridge.script_file import Script
-from sip_bridge.script_steps import StepResult, Summary
 
 __all__ = ["CallReport", "format_report", "format_step", "junit_xml", "percentile"]
 

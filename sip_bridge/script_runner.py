@@ -31,18 +31,18 @@ from resample import Resampler
 from sip_bridge.caller import local_address_for, resolve_target
 from sip_bridge.heard_audio import HeardAudio
 from sip_bridge.message import SipUri
-from sip_bridge.script_file import Expect, Script, Speak
-from sip_bridge.script_leg import LineOptions, ScriptLeg, SipLeg, media_config
-from sip_bridge.script_report import CallReport, format_report, format_step
-from sip_bridge.script_steps import (
+from sip_bridge.script_actions import (
     Action,
     CallerTiming,
     HangUp,
-    ScriptPlayer,
     SendAudio,
     SendDtmf,
     Transcribe,
 )
+from sip_bridge.script_file import Expect, Script, Speak
+from sip_bridge.script_leg import LineOptions, ScriptLeg, SipLeg, media_config
+from sip_bridge.script_report import CallReport, format_report, format_step
+from sip_bridge.script_steps import ScriptPlayer
 from sip_bridge.script_voice import Renderer, ScriptError, render_speech
 from sip_bridge.uac import (
     CallAnswered,

@@ -1,4 +1,5 @@
-"""The call-script player: steps in, actions out, no I/O and no clock of its own.
+"""The call-script player: steps in, actions out (:mod:`sip_bridge.script_actions`), no I/O
+and no clock of its own.
 
 The runner (:mod:`sip_bridge.script_runner`) owns the call. It tells the player what
 happened (:meth:`ScriptPlayer.tick` with the time, the caller's audio or keys having gone
@@ -25,16 +26,27 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sip_bridge.heard_audio import (
-    Gap,
     HeardAudio,
-    Reaction,
     Span,
     barge_in_reaction,
     dead_air_gaps,
     turn_latency,
+)
+from sip_bridge.script_actions import (
+    Action,
+    CallerTiming,
+    HangUp,
+    SendAudio,
+    SendDtmf,
+    StepResult,
+    Summary,
+    TalkOver,
+    Transcribe,
+    normalize_transcript,
+    transcript_key,
 )
 from sip_bridge.script_file import (
     Dtmf,
@@ -50,128 +62,9 @@ from sip_bridge.script_file import (
     Wait,
 )
 
-__all__ = [
-    "Action",
-    "CallerTiming",
-    "HangUp",
-    "ScriptPlayer",
-    "SendAudio",
-    "SendDtmf",
-    "StepResult",
-    "Summary",
-    "TalkOver",
-    "Transcribe",
-    "normalize_transcript",
-]
+__all__ = ["ScriptPlayer"]
 
 _TRANSCRIPT_GRACE_S = 10.0  # after a timeout, how long the last transcripts may take
-
-
-@dataclass(frozen=True, slots=True)
-class SendAudio:
-    """Say / play this step's audio now (the runner rendered it beforehand)."""
-
-    step: int
-
-
-@dataclass(frozen=True, slots=True)
-class SendDtmf:
-    step: int
-    digits: str
-    method: str
-    duration_ms: int
-    gap_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class Transcribe:
-    """Transcribe what was heard from ``start`` to ``end``; answer with :meth:`transcript`."""
-
-    start: float
-    end: float
-
-    @property
-    def key(self) -> tuple[int, int]:
-        return _key(self.start, self.end)
-
-
-@dataclass(frozen=True, slots=True)
-class HangUp:
-    pass
-
-
-Action = SendAudio | SendDtmf | Transcribe | HangUp
-
-
-@dataclass(frozen=True, slots=True)
-class CallerTiming:
-    """When a step's audio or keys went out: the first packet, the first and last with
-    speech energy (None for silent audio), and the last packet."""
-
-    start: float
-    onset: float | None
-    end: float | None
-    done: float
-
-
-@dataclass
-class StepResult:
-    step: Step
-    passed: bool | None  # None: skipped
-    start: float  # seconds after the answer
-    end: float
-    detail: str = ""
-
-    @property
-    def status(self) -> str:
-        return "SKIP" if self.passed is None else "PASS" if self.passed else "FAIL"
-
-
-@dataclass(frozen=True, slots=True)
-class TalkOver:
-    """The caller spoke (or pressed a key) while the agent was talking, at step ``step``;
-    ``barge_in`` is that step's own (None: the script did not say what should happen)."""
-
-    step: int
-    key: bool
-    barge_in: bool | None
-    reaction: Reaction
-
-
-@dataclass
-class Summary:
-    """The call's conversation figures, measured on what the caller sent and heard."""
-
-    turn_latencies_s: list[float] = field(default_factory=list)
-    talk_overs: list[TalkOver] = field(default_factory=list)
-    dead_air: list[Gap] = field(default_factory=list)
-    sent: list[tuple[Speak | Dtmf, CallerTiming]] = field(default_factory=list)  # in order
-    transfer_at: float | None = None  # when the REFER's call had its outcome
-
-    @property
-    def reactions(self) -> list[Reaction]:
-        """How the agent reacted to the caller talking over it (keys are not measured: a
-        key's answer follows the cut at once)."""
-        return [o.reaction for o in self.talk_overs if not o.key]
-
-    @property
-    def longest_dead_air_s(self) -> float:
-        return max((g.seconds for g in self.dead_air), default=0.0)
-
-    @property
-    def total_dead_air_s(self) -> float:
-        return sum(g.seconds for g in self.dead_air)
-
-
-def normalize_transcript(text: str) -> str:
-    """Lower case, punctuation gone ("8 a.m." -> "8 a m"), single spaces: what ``expect``
-    patterns are matched against."""
-    text = re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("’", "'"))
-    return " ".join(text.split())
-
-
-def _key(start: float, end: float) -> tuple[int, int]:
-    return round(start * 1000), round(end * 1000)
 
 
 @dataclass
@@ -244,7 +137,7 @@ class ScriptPlayer:
         return self.tick(now)
 
     def transcript(self, start: float, end: float, text: str, now: float) -> list[Action]:
-        self._transcripts[_key(start, end)] = normalize_transcript(text)
+        self._transcripts[transcript_key(start, end)] = normalize_transcript(text)
         return self.tick(now)
 
     def far_end_hung_up(self, now: float) -> list[Action]:
@@ -470,7 +363,7 @@ class ScriptPlayer:
             if seg.end > now - quiet and not final:
                 complete = False  # the agent may still be talking: not a whole reply yet
                 break
-            key = _key(start, seg.end)
+            key = transcript_key(start, seg.end)
             if key not in self._transcripts:
                 complete = False
                 if key not in self._asked:

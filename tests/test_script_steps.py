@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 from sip_bridge.heard_audio import FRAME_S, HeardAudio
-from sip_bridge.script_file import parse_script_text
-from sip_bridge.script_steps import (
+from sip_bridge.script_actions import (
     Action,
     CallerTiming,
     HangUp,
-    ScriptPlayer,
     SendAudio,
     SendDtmf,
     Summary,
     Transcribe,
     normalize_transcript,
 )
+from sip_bridge.script_file import parse_script_text
+from sip_bridge.script_steps import ScriptPlayer
 
 LOUD = np.full(160, 3000, np.int16)
 QUIET = np.zeros(160, np.int16)
