@@ -18,7 +18,7 @@ exist in them; espeak-ng says the rest). Per cell and overall:
 - turn latency p50/p95 (the caller's last packet with speech -> the first one back).
 
     .venv/bin/python bench/conversations.py --quick
-    .venv/bin/python bench/conversations.py --voices en-us,human --levels -35 --echo 6@150
+    .venv/bin/python bench/conversations.py --voices en-us,human --levels=-35,-25 --echo 6@150
     .venv/bin/python bench/conversations.py            # the whole matrix: hours
 
 The bridge shares this process (as in bench/turn_latency.py, whose figures are the

@@ -231,3 +231,24 @@ def test_the_command_line_refuses_a_broken_script(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
     assert proc.returncode == 2 and "--loss-pct" in proc.stderr
+
+
+def test_play_a_wav_at_the_level_asked(tmp_path: Path) -> None:
+    t = np.arange(16000) / 16000
+    tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)  # 1 s, 16 kHz
+    with wave.open(str(tmp_path / "tone.wav"), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(tone.tobytes())
+    config = _config(tmp_path, "echo")
+    text = '[[step]]\nplay = "tone.wav"\ngain_db = -6\n[[step]]\nwait_s = 0.5\n'
+    report, _ = _play(config, text, tmp_path, LineOptions(level_dbfs=-20.0))
+    assert report.passed, report.results
+    sent = _caller_side(tmp_path)
+    start = int(np.flatnonzero(np.abs(sent) > 500)[0])
+    steady = sent[start + 2000 : start + 6000].astype(np.float64)  # 0.25-0.75 s in
+    level = 10 * np.log10(np.mean(steady**2) / 32768**2)
+    assert abs(level - (-26.0)) < 1.0, level  # -20 dBFS, gain_db -6 (a tone: RMS = P.56)
+    spectrum = np.abs(np.fft.rfft(steady * np.hanning(4000)))
+    assert abs(int(np.argmax(spectrum)) * 8000 / 4000 - 440) <= 4
