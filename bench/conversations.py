@@ -84,10 +84,10 @@ SOUNDS = Path("/usr/share/asterisk/sounds/en")
 #: "beckett:START-END" (seconds of the model store's beckett.wav). The words differ a little
 #: where the recordings do ("Thank you. Goodbye!"); what they ask the agent is the same.
 HUMAN = {
-    "Thanks, goodbye.": ["auth-thankyou", "goodbye"],
+    "No thanks, goodbye.": ["vm-no", "auth-thankyou", "goodbye"],
     "No thanks.": ["vm-no", "auth-thankyou"],
     "What are your opening hours?": ["hours"],
-    "I'd like to speak to a person, please.": ["spy-agent"],
+    "I would like to speak to a person please.": ["spy-agent"],
     "My order number is one two three four five.": ["number", *(f"digits/{d}" for d in "12345")],
     "My order number is one two three four six.": ["number", *(f"digits/{d}" for d in "12346")],
     "Purple elephants dance quietly.": ["beckett:0.0-3.3"],
