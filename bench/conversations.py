@@ -361,7 +361,9 @@ async def run_matrix(cells: list[Cell], scripts: list[Script], out: Path, parall
 def figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     total = sum(r["steps_total"] for r in runs)
     passed = sum(r["steps_passed"] for r in runs)
-    bis = [b for r in runs for b in r["barge_ins"]]
+    # a 0 ms "reaction": echo had cut the agent before the caller began (runs of an older
+    # runner recorded it so; the runner now says the agent was not talking)
+    bis = [b for r in runs for b in r["barge_ins"] if b["ms"] is None or b["ms"] > 0]
     reaction = [b["ms"] if b["stopped"] else b["overlap_ms"] for b in bis]
     gaps = [g for r in runs for g in r["dead_air_s"]]
     lat = [x for r in runs for x in r["turn_latency_ms"]]

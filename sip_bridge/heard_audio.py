@@ -192,13 +192,21 @@ def barge_in_reaction(
     end = before[-1] + FRAME_S
     for t in heard.loud_between(onset + 1e-9, math.inf):
         if t - end >= stop_silence_s:
-            return Reaction(onset, caller_end, True, end)
+            return _stopped(onset, caller_end, end)
         end = t + FRAME_S
         if end > limit:
             return Reaction(onset, caller_end, True, None)
     if now - end >= stop_silence_s:
-        return Reaction(onset, caller_end, True, end)
+        return _stopped(onset, caller_end, end)
     return None
+
+
+def _stopped(onset: float, caller_end: float, stop: float) -> Reaction:
+    """A stop that came before the caller began (echo had cut the agent already) is not a
+    reaction to the caller: the agent was not talking."""
+    if stop <= onset:
+        return Reaction(onset, caller_end, False, None)
+    return Reaction(onset, caller_end, True, stop)
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,3 +106,10 @@ def test_dead_air_is_silence_while_the_caller_waits() -> None:
     assert [round(g.seconds, 3) for g in gaps] == [0.8, 1.2, 2.0]
     # waited for an answer that came (not open): the silence after it is not dead air
     assert dead_air_gaps(h, [Span(at(40), at(80))]) == []
+
+
+def test_a_stop_before_the_caller_began_is_no_reaction() -> None:
+    # the agent's sound ended 0.2 s before the caller began and never came back
+    h = heard("#" * 40 + "." * 60)
+    r = barge_in_reaction(h, at(50), at(80), now=at(100))
+    assert r is not None and not r.talking and r.seconds is None
