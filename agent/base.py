@@ -120,6 +120,13 @@ class Agent(abc.ABC):
     #: :class:`ResumeAgent` (the bridge answers other agents' commands with an error).
     takes_commands: bool = False
 
+    @property
+    def sensitive(self) -> bool:
+        """True while the caller gives input that must leave no trace (a ``sensitive``
+        slot: a PIN, a card number): the bridge then masks keys in records and events, and
+        records silence. Read on the media loop's tick: keep it cheap."""
+        return False
+
     @abc.abstractmethod
     async def start(self, call: CallInfo, output: AgentOutput) -> None:
         """The call is answered; keep ``output`` to speak."""

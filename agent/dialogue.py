@@ -25,6 +25,7 @@ from typing import TypeAlias
 
 from agent.llm import LlmClient
 from agent.profile import DTMF_KEYS, Actions, AgentProfile, Intent, SlotSpec, normalize
+from agent.redaction import sensitive_text
 from agent.sentences import SentenceBuffer
 
 __all__ = [
@@ -215,6 +216,17 @@ class DialogueEngine:
         twin._filled = dict(self._filled)
         return twin
 
+    @property
+    def collecting_sensitive(self) -> bool:
+        """A ``sensitive`` slot is being asked for: what the caller says or keys now must
+        leave no trace (the engine alone gets it; its own transcript, which an LLM reads,
+        holds ``[redacted N digits]``)."""
+        return self._pending is not None and self.profile.slots[self._pending].sensitive
+
+    def _heard(self, text: str) -> None:
+        self.transcript.append(("caller", sensitive_text(text) if self.collecting_sensitive
+                                else text))  # fmt: skip
+
     def greeting(self) -> list[ReplyPart]:
         return [Say(self.profile.greeting.render(self._vars))]
 
@@ -240,7 +252,7 @@ class DialogueEngine:
         """One caller turn (the ASR text)."""
         if self.ended or not text.strip():
             return
-        self.transcript.append(("caller", text.strip()))
+        self._heard(text.strip())
         if closing := self._time_up():
             for part in closing:
                 yield part
@@ -294,7 +306,7 @@ class DialogueEngine:
             value, self._keys = self._keys, ""
             if not value:
                 return
-            self.transcript.append(("caller", f"(keypad {value})"))
+            self._heard(f"(keypad {value})")
             ok = slot.min_length <= len(value) <= slot.max_length
             parts = self._fill(value) if ok else self._miss(slot.retry.render(self._vars))
         elif slot is not None:  # yes_no: 1 = yes, 2 = no

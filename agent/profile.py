@@ -102,7 +102,9 @@ def parse_template(source: str) -> Template:
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """A value the dialogue collects: ``digits`` (spoken or keyed) or ``yes_no``."""
+    """A value the dialogue collects: ``digits`` (spoken or keyed) or ``yes_no``.
+    While a ``sensitive`` slot is asked for, the bridge keeps no trace of the caller's
+    input (records, events, logs, recording); the engine still gets the value."""
 
     name: str
     kind: Literal["digits", "yes_no"]
@@ -110,6 +112,8 @@ class SlotSpec:
     retry: Template
     min_length: int = 1
     max_length: int = 20
+    # a PIN or a card number: never stored, sent or spoken back (see agent.redaction)
+    sensitive: bool = False
 
 
 @dataclass(frozen=True)

@@ -44,6 +44,7 @@ from agent.base import (
 from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, SendDtmf, Transfer
 from agent.model_guard import ModelGuard
 from agent.profile import AgentProfile
+from agent.redaction import sensitive_text
 from agent.reply_playout import ReplyPlayout
 from agent.speculation import Speculation
 from agent.voice_models import FIRST_WORDS, VoiceModels
@@ -81,6 +82,12 @@ class TurnTiming:
     # dialogue and TTS may be done before turn_end
     heard: list[str] = field(default_factory=list)  # what of the reply was played
     reported: bool = False  # a TurnCompleted went out
+    sensitive: bool = False  # the caller answered a sensitive slot: report no text
+
+    @property
+    def caller_text(self) -> str:
+        """What may be kept of what the caller said (see agent.redaction)."""
+        return sensitive_text(self.text) if self.sensitive else self.text
 
     def stages_ms(self) -> dict[str, float]:
         """The stages that happened, in ms (as bench/turn_latency.py splits a turn)."""
@@ -165,6 +172,10 @@ class VoiceAgent(Agent):
         self._preroll: deque[tuple[NDArray[np.int16], bool]] = deque(maxlen=preroll)
 
     # -- Agent interface -------------------------------------------------------------------
+
+    @property
+    def sensitive(self) -> bool:
+        return self.engine is not None and self.engine.collecting_sensitive
 
     async def start(self, call: CallInfo, output: AgentOutput) -> None:
         self._out = output
@@ -358,7 +369,8 @@ class VoiceAgent(Agent):
             self._spec = None
 
     def _end_turn(self, reason: str, now: float) -> None:
-        timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason)
+        timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason,
+                            sensitive=self.sensitive)  # fmt: skip
         self.turns.append(timing)
         self._turn = timing
         self._busy = True
@@ -393,7 +405,7 @@ class VoiceAgent(Agent):
             raise
         self.engine = spec.engine
         timing.reply_ready, timing.tts_first = spec.reply_ready, spec.tts_first
-        log.info("caller: %s", spec.text)
+        log.info("caller: %s", timing.caller_text)
         parts = _chain(spec.head, spec.rest)
         await self._play_parts(parts, timing, first=spec.first_audio)
 
@@ -501,7 +513,9 @@ class VoiceAgent(Agent):
             return
         timing.reported = True
         self._out.emit(
-            TurnCompleted(timing.text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in)
+            TurnCompleted(
+                timing.caller_text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in
+            )
         )
 
     def _act(self, part: ReplyPart) -> None:

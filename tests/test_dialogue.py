@@ -341,3 +341,31 @@ def test_spoken_single_digits_round_trip(digits: str, as_words: bool) -> None:
 )
 def test_yes_no(text: str, answer: str | None) -> None:
     assert yes_no(normalize(text)) == answer
+
+
+# -- a sensitive slot: the demo's card payment ------------------------------------------------
+
+CARD = "4111111111111111"  # the standard test card; the demo's cards table knows it
+
+
+def test_a_keyed_card_number_reaches_the_engine_and_its_transcript_keeps_no_digit() -> None:
+    e = _new()
+    prompt = _said(_keys(e, "3"))  # the menu key for paying a bill
+    assert prompt.startswith("Please type your 16 digit card number") and e.collecting_sensitive
+    reply = _said(_keys(e, CARD))
+    # the lookup found the card by its real number: the engine got it
+    assert reply.startswith("Thank you. Your payment with your Visa card is approved."), reply
+    assert not e.collecting_sensitive
+    said = " ".join(text for who, text in e.transcript if who == "caller")
+    assert "[redacted 16 digits]" in said and "1111" not in said, e.transcript
+
+
+def test_a_spoken_card_number_reaches_the_engine_and_an_unknown_one_is_asked_again() -> None:
+    e = _new()
+    assert _said(_turn(e, "I would like to pay my bill")).startswith("Please type your 16")
+    declined = _said(_turn(e, "five five five five " * 3 + "four four four four"))
+    assert declined.startswith("Sorry, that card was declined") and e.collecting_sensitive
+    spoken = "four " + "one " * 15
+    assert "Visa card is approved" in _said(_turn(e, spoken))
+    assert not any("one one" in text or "5555" in text for _, text in e.transcript)
+    assert [t for w, t in e.transcript if w == "caller"][1:] == ["[redacted 16 digits]"] * 2
