@@ -5,10 +5,16 @@ Why one place: the server has a handful of moments in a call's life (offered, an
 a turn, ended) and each sink wants the same facts in its own shape; the server calls
 :class:`CallTelemetry` once per moment and never waits on a sink (records are small
 autocommitted writes, metrics are counters, events are spooled by their link).
+
+It is also the one place where what must not be kept is taken out before any sink sees it
+(``[records] redact_card_numbers``, :mod:`agent.redaction`): card numbers in turns and
+operator texts, and keys that make one, which are held back (:class:`KeypadRun`) until it
+is known whether they do. Keys of a sensitive slot arrive masked already.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -19,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.base import TurnCompleted
+from agent.redaction import HeldKey, KeypadRun, redact_card_numbers
 from sip_bridge import call_events as ce
 from sip_bridge.config_types import parse_hostport
 from sip_bridge.records import media_summary
@@ -37,6 +44,9 @@ __all__ = ["CallFacts", "CallTelemetry", "EventSink", "hostport"]
 log = logging.getLogger(__name__)
 
 RECENT_TURNS = 5  # per live call, for the console
+KEY_GAP_S = 4.0  # keys further apart than this are not one card number
+# the event fields that carry free text (what was said, typed or reported), redacted
+TEXT_FIELDS = frozenset({"caller_text", "agent_text", "text", "message", "reason"})
 
 #: ``publish(call_id, event, fields)``: a call event out (MQTT), never blocking.
 EventSink = Callable[[str, str, dict[str, Any]], object]
@@ -75,6 +85,9 @@ class CallTelemetry:
     mqtt: MqttLink | None = None  # events out, operator commands in
     # the last turns of each call in progress, for the operator console
     recent_turns: dict[str, deque[TurnCompleted]] = field(default_factory=dict)
+    redact: bool = True  # [records] redact_card_numbers
+    _keys: dict[str, KeypadRun] = field(default_factory=dict)  # held back, per call
+    _key_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
 
     async def open(
         self,
@@ -92,6 +105,7 @@ class CallTelemetry:
         from sip_bridge.records_cli import default_db_path
 
         cut: list[dict[str, Any]] = []
+        self.redact = config.records.redact_card_numbers
         if config.records.enabled:
             self.records = CallRecords(config.records.db or default_db_path())
             cut = self.records.mark_interrupted(self.node)
@@ -156,7 +170,14 @@ class CallTelemetry:
             codec, agent=agent, remote=remote, setup_ms=round(1000 * setup_s, 1)
         ))  # fmt: skip
 
-    def turn(self, call_id: str, t: TurnCompleted) -> None:
+    def turn(self, call_id: str, t: TurnCompleted) -> bool:
+        """One turn of the call; True when its caller text held a card number (masked)."""
+        self._flush_keys(call_id)
+        found = 0
+        if self.redact:
+            caller, found = redact_card_numbers(t.caller_text)
+            agent, _ = redact_card_numbers(t.agent_text)
+            t = TurnCompleted(caller, agent, t.stages_ms, t.barged_in)
         recent = self.recent_turns.get(call_id)
         if recent is None:
             recent = self.recent_turns[call_id] = deque(maxlen=RECENT_TURNS)
@@ -168,6 +189,7 @@ class CallTelemetry:
             self.metrics.turn(t.stages_ms)
         self._event(call_id, "turn", ce.turn(t.caller_text, t.agent_text, t.stages_ms,
                                              t.barged_in))  # fmt: skip
+        return bool(found)
 
     def model_fault(self, call_id: str, stage: str, reason: str, action: str) -> None:
         """A model of the call's agent raised or hung: the timeline, the fault counter and
@@ -178,14 +200,69 @@ class CallTelemetry:
 
     def event(self, call_id: str, kind: str, fields: dict[str, Any]) -> None:
         """A line in the call's timeline (``fields`` from the call_events builder of
-        ``kind``: dtmf, transfer, recording): records and events."""
+        ``kind``: transfer, recording, operator...): records and events."""
+        self._flush_keys(call_id)
+        self._timeline(call_id, kind, self._redacted(fields))
+
+    def _timeline(self, call_id: str, kind: str, fields: dict[str, Any],
+                  at: float | None = None) -> None:  # fmt: skip
         if self.records is not None:
-            self.records.event(call_id, kind, fields)
+            self.records.event(call_id, kind, fields, at=at)
         self._event(call_id, kind, fields)
+
+    def _redacted(self, fields: dict[str, Any]) -> dict[str, Any]:
+        if not self.redact:
+            return fields
+        return {k: redact_card_numbers(v)[0] if k in TEXT_FIELDS and isinstance(v, str) else v
+                for k, v in fields.items()}  # fmt: skip
+
+    def operator(self, call_id: str, action: str, by: str, via: str, **detail: object) -> None:
+        """An operator acted on the call (hang-up, transfer, say...): who, and how."""
+        self.event(call_id, "operator", ce.operator(action, by, via, **detail))
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def dtmf(self, call_id: str, digit: str, method: str = "rfc4733",
+             sensitive: bool = False) -> None:  # fmt: skip
+        """A key the caller pressed. ``sensitive``: part of a sensitive slot's input, kept
+        as ``*``. Other digits wait until it is known whether they make a card number."""
+        key = HeldKey(digit, time.time(), method)
+        if sensitive or not self.redact:
+            self._flush_keys(call_id)
+            self._timeline(call_id, "dtmf", ce.dtmf(digit, method, sensitive), at=key.at)
+            return
+        run = self._keys.get(call_id)
+        if run is None:
+            run = self._keys[call_id] = KeypadRun(KEY_GAP_S)
+        self._keys_out(call_id, run.push(key))
+        timer = self._key_timers.pop(call_id, None)
+        if timer is not None:
+            timer.cancel()
+        if run.holding:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a tool, a test): they go at the next event
+                return
+            self._key_timers[call_id] = loop.call_later(KEY_GAP_S, self._flush_keys, call_id)
+
+    def _flush_keys(self, call_id: str) -> None:
+        """The call's run of keys is over: every held key goes out."""
+        timer = self._key_timers.pop(call_id, None)
+        if timer is not None:
+            timer.cancel()
+        run = self._keys.get(call_id)
+        if run is not None and run.holding:
+            self._keys_out(call_id, run.flush())
+
+    def _keys_out(self, call_id: str, keys: list[tuple[HeldKey, bool]]) -> None:
+        for key, masked in keys:
+            self._timeline(call_id, "dtmf", ce.dtmf(key.digit, key.method, masked), at=key.at)
 
     def ended(
         self, c: CallFacts, outcome: str, reason: str, media: MediaStats | None = None
     ) -> None:
+        self._flush_keys(c.call_id)
+        self._keys.pop(c.call_id, None)
         self.recent_turns.pop(c.call_id, None)
         now = time.time()
         duration = now - c.answered if c.answered is not None else 0.0
@@ -216,6 +293,8 @@ class CallTelemetry:
                     log.warning("call %s: event %s not sent: %s", call_id, kind, exc)
 
     async def close(self) -> None:
+        for call_id in list(self._keys):
+            self._flush_keys(call_id)
         if self.records is not None:
             self.records.close()
         if self.http is not None:

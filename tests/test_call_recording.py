@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 from sipp_media import write_wav
 
-from sip_bridge.call_recording import StereoRecorder, recording_path
+from sip_bridge.call_recording import MUTE_HANGOVER, StereoRecorder, recording_path
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import load_config
 from sip_bridge.records import CallRecords
@@ -50,6 +50,47 @@ def test_channels_stay_in_step_and_the_end_is_padded(tmp_path: Path) -> None:
     assert abs(_hz(left[:8000]) - 440) < 5 and abs(_hz(right[:8000]) - 1000) < 5
     assert not right[60 * 160 : 61 * 160].any() and right[59 * 160 : 60 * 160].any()
     assert not right[-160:].any()
+
+
+def test_muted_stretches_and_their_hangover_are_silence_on_both_sides(tmp_path: Path) -> None:
+    """While the agent asks for a sensitive slot nothing of either side is kept, nor for
+    half a second after (the last key's tone, the jitter buffer's lag)."""
+    muted = [False]
+    rec = StereoRecorder(tmp_path / "m.wav", lambda: muted[0])
+    for k in range(200):  # 4 s: muted from 1 s to 2 s
+        muted[0] = 50 <= k < 100
+        rec.caller(_tone(440, 160, 160 * k))
+        rec.agent(_tone(1000, 160, 160 * k))
+    rec.close()
+    left, right = _read(rec.path)
+    quiet = slice(50 * 160, 100 * 160 + MUTE_HANGOVER)
+    assert not left[quiet].any() and not right[quiet].any()
+    assert np.array_equal(left[: 50 * 160], _tone(440, 50 * 160))  # before: untouched
+    assert abs(_hz(left[:8000]) - 440) < 5 and abs(_hz(right[-8000:]) - 1000) < 5
+    after = slice(100 * 160 + MUTE_HANGOVER, None)
+    assert np.count_nonzero(left[after]) > 0.9 * left[after].size
+
+
+def test_the_callers_side_is_blanked_after_the_fact_on_disk_and_in_waiting(
+    tmp_path: Path,
+) -> None:
+    """A card number heard in a turn: the caller's side goes silent back to a sample, both
+    what was written to the file already and what waits to be; the agent's side stays."""
+    rec = StereoRecorder(tmp_path / "b.wav")
+    for k in range(150):  # 3 s; whole seconds go to disk, the rest waits
+        rec.caller(_tone(440, 160, 160 * k))
+        rec.agent(_tone(1000, 160, 160 * k))
+    mark = 4000  # half a second in
+    rec.silence_caller(mark)
+    assert rec.caller_samples == 150 * 160
+    for k in range(150, 200):  # what comes after is kept
+        rec.caller(_tone(440, 160, 160 * k))
+        rec.agent(_tone(1000, 160, 160 * k))
+    rec.close()
+    left, right = _read(rec.path)
+    assert left[:mark].any() and not left[mark : 150 * 160].any()
+    assert np.count_nonzero(left[150 * 160 :]) > 0.9 * 50 * 160
+    assert abs(_hz(right[mark : 150 * 160]) - 1000) < 5  # the agent's side is whole
 
 
 def test_recording_path_is_safe_and_dated(tmp_path: Path) -> None:
