@@ -230,10 +230,10 @@ def test_the_console_shows_a_sip_call_live_hangs_it_up_and_charts_it_after(
             _wait(driver, "signed in", lambda d: "SB_TEST_OPERATOR (operator)" in d.find_element(
                 By.ID, "signed-in-box").text)  # fmt: skip
             assert TOKEN not in driver.current_url  # never in a URL
-            row = _wait(driver, "the call listed again", lambda d: next(iter(d.find_elements(
+            again = _wait(driver, "the call listed again", lambda d: next(iter(d.find_elements(
                 By.CSS_SELECTOR, f'#live tr[data-call-id="{call_id}"]')), None))  # fmt: skip
-            assert isinstance(row, WebElement)
-            row.find_element(By.CSS_SELECTOR, "button.hangup").click()
+            assert isinstance(again, WebElement)
+            again.find_element(By.CSS_SELECTOR, "button.hangup").click()
             assert phone.wait(timeout=15) == 0
             _wait(driver, "the call gone from the live list", lambda d: not d.find_elements(
                 By.CSS_SELECTOR, f'#live tr[data-call-id="{call_id}"]'))  # fmt: skip

@@ -24,6 +24,7 @@ from numpy.typing import NDArray
 
 from resample import Resampler
 from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from sip_bridge.dtmf import DtmfOutbox
 from sip_bridge.offer_answer import MediaConfig
 from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.transaction import SendMessage
@@ -80,9 +81,11 @@ class WireCaller:
         host: str = "127.0.0.1",
         echo_db: float | None = None,
         echo_delay_ms: int = 120,
+        keys: bool = False,
     ) -> None:
         """``echo_db``: a line echo, what we hear sent back ``echo_delay_ms`` later this many
-        dB down (a 2-wire hybrid's return loss), mixed into what we say."""
+        dB down (a 2-wire hybrid's return loss), mixed into what we say. ``keys``: offer
+        telephone-event, so :meth:`press` sends RFC 4733 key presses."""
         self.target = target
         self._echo_gain = None if echo_db is None else 10 ** (-echo_db / 20)
         self._echo: deque[NDArray[np.int16]] = deque()
@@ -102,10 +105,18 @@ class WireCaller:
         self.answered = asyncio.Event()
         self.ended = asyncio.Event()
         self.status = 0
+        self._keys = keys
+        self._outbox: DtmfOutbox | None = None  # RFC 4733 presses, once answered
 
     @property
     def speaking(self) -> bool:
-        return bool(self._queue)
+        return bool(self._queue) or (self._outbox is not None and self._outbox.busy)
+
+    def press(self, digits: str) -> None:
+        """Queue key presses (RFC 4733 events in the audio's place, 100 ms each, 60 ms
+        apart); ``say_all``/``speaking`` wait for them too."""
+        assert self._outbox is not None, "keys=True, and a peer that accepted telephone-event"
+        self._outbox.add(digits)
 
     def say(self, pcm8k: NDArray[np.int16]) -> None:
         """Queue audio; it leaves in 20 ms packets on the caller's clock."""
@@ -160,7 +171,7 @@ class WireCaller:
         self._sip = SipTransport(inbox.put_nowait)
         await self._sip.start(self.host, 0, ("udp",))
         assert self._sip.local is not None
-        media = MediaConfig(self.host, port, codecs=(self.codec,), telephone_event=False)
+        media = MediaConfig(self.host, port, codecs=(self.codec,), telephone_event=self._keys)
         self._uac = OutboundCall(self.target, self._sip.local, dest, media)
         self._tasks.append(loop.create_task(self._signalling(inbox)))
         await asyncio.wait_for(self.answered.wait(), timeout_s)
@@ -177,6 +188,9 @@ class WireCaller:
                     sip.send_nowait(ev.data, ev.destination, ev.transport)
                 elif isinstance(ev, CallAnswered):
                     self._remote = (ev.media.remote_address, ev.media.remote_port)
+                    pt = ev.media.telephone_event_pt
+                    if self._keys and pt is not None:
+                        self._outbox = DtmfOutbox.on(self._sender, pt, 8000, 20)
                     self.status = ev.response.status
                     self.answered.set()
                 elif isinstance(ev, CallFailed | CallEnded):
@@ -202,6 +216,13 @@ class WireCaller:
         t = loop.time()
         silence = np.zeros(FRAME, np.int16)
         while not self.ended.is_set():
+            key = self._outbox.next_packet() if self._outbox is not None else None
+            if key is not None and self._rtp is not None and self._remote is not None:
+                self._rtp.sendto(key, self._remote)  # a key press takes this frame's slot
+                self.log.sent.append((loop.time(), -100.0))
+                t += FRAME / 8000
+                await asyncio.sleep(max(0.0, t - loop.time()))
+                continue
             frame = self._queue.popleft() if self._queue else silence
             if self._echo_gain is not None and len(self._echo) > self._echo_frames:
                 back = self._echo.popleft().astype(np.float64) * self._echo_gain
