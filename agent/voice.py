@@ -162,6 +162,7 @@ class VoiceAgent(Agent):
         self._carry: list[Future[str]] = []
         self._spec: Speculation | None = None  # a reply being prepared during a pause
         self._quiet = 0  # ticks since the caller's last speech
+        self._sensitive_heard = False  # the caller spoke while a sensitive slot was asked
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
         # frame energies: ours (long enough for a barge-in window at any echo lag), and the
@@ -188,6 +189,8 @@ class VoiceAgent(Agent):
 
     def on_audio(self, pcm: NDArray[np.int16]) -> None:
         self._tick += 1
+        if self._user_speaking and not self._sensitive_heard:  # words said while a
+            self._sensitive_heard = self.sensitive  # sensitive slot is asked for
         if self._tick % LIMITS_EVERY == 0 and self.engine is not None:
             closing = self.engine.check_limits()  # the call is too long: say so, hang up
             if closing:
@@ -369,8 +372,11 @@ class VoiceAgent(Agent):
             self._spec = None
 
     def _end_turn(self, reason: str, now: float) -> None:
+        # sensitive if the caller spoke while a sensitive slot was asked for, since the last
+        # turn: those words may end up in this one (a pause that was not the end of a turn)
         timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason,
-                            sensitive=self.sensitive)  # fmt: skip
+                            sensitive=self._sensitive_heard or self.sensitive)  # fmt: skip
+        self._sensitive_heard = False
         self.turns.append(timing)
         self._turn = timing
         self._busy = True
@@ -394,6 +400,7 @@ class VoiceAgent(Agent):
             timing.asr_done, timing.text = spec.asr_done, spec.text
             if gen != self._gen:  # the caller went on talking before we answered: it was
                 self._carry = spec.abort()  # a pause; these words open the next turn
+                self._sensitive_heard = self._sensitive_heard or timing.sensitive  # and so
                 return
             if not spec.heard.is_set() or not spec.text:
                 self._busy = False

@@ -68,6 +68,12 @@ class StereoRecorder:
         :meth:`silence_caller`."""
         return self.samples + self._nl
 
+    @property
+    def agent_samples(self) -> int:
+        """Samples of the agent's side so far (each side counts its own: they may drift
+        apart by a few frames when the media loop skips ticks under load)."""
+        return self.samples + self._nr
+
     def caller(self, pcm: NDArray[np.int16]) -> None:
         self._left.append(self._kept("caller", pcm))
         self._nl += pcm.size

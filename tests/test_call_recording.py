@@ -10,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 from sipp_media import write_wav
 
+from agent.base import Agent, AgentOutput, CallInfo, TurnCompleted
 from sip_bridge.call_recording import MUTE_HANGOVER, StereoRecorder, recording_path
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import load_config
@@ -139,3 +140,73 @@ def test_a_recorded_call_holds_both_sides(tmp_path: Path) -> None:
     records.close()
     assert shown is not None
     assert [e["data"]["path"] for e in shown["events"] if e["kind"] == "recording"] == [str(wav)]
+
+
+class _CardTurnAgent(Agent):
+    """Listens 1 s, reports a turn; then 1.5 s later a turn in which the caller said a card
+    number (as if the ASR wrote it); then plays on."""
+
+    name = "card-turn"
+    sample_rate = 8000
+
+    def __init__(self) -> None:
+        self.ticks = 0
+        self.out: AgentOutput | None = None
+
+    async def start(self, call: CallInfo, output: AgentOutput) -> None:
+        self.out = output
+
+    def on_audio(self, pcm: NDArray[np.int16]) -> None:
+        self.ticks += 1
+        if self.out is None:
+            return
+        if self.ticks == 50:
+            self.out.emit(TurnCompleted("hello there", "Hi.", {}))
+        elif self.ticks == 125:
+            self.out.emit(TurnCompleted("my card is 4111 1111 1111 1111", "Thanks.", {}))
+
+
+def test_a_turn_with_a_card_number_blanks_the_callers_side_back_to_the_turn_before(
+    tmp_path: Path,
+) -> None:
+    """Outside a sensitive slot the card number is only known once the ASR wrote it: the
+    caller's side is then silenced back to the previous turn (less a second), on disk."""
+    f = tmp_path / "bridge.toml"
+    f.write_text(
+        '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "45800-45899"\n'
+        '[records]\nenabled = true\ndb = "calls.sqlite"\nrecordings_dir = "rec"\n'
+    )
+    play = write_wav(tmp_path / "a.wav", _tone(440, 5 * 8000))
+
+    async def main() -> None:
+        server = BridgeServer(load_config(f), agent_factory=lambda cfg: _CardTurnAgent())
+        await server.start()
+        try:
+            result = await place_call(CallOptions(
+                f"sip:card@127.0.0.1:{server.port}", play, tmp_path / "heard.wav",
+                duration_s=4.0, rtp_ports=(45900, 45999),
+            ))  # fmt: skip
+            assert result.answered
+            for _ in range(50):
+                if not server.calls:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    (wav,) = (tmp_path / "rec").glob("*.wav")
+    left, _ = _read(wav)
+    first, second = 50 * 160, 125 * 160  # the two turns' positions on the caller's side
+    blank = slice(first - 8000 + 320, second - 320)  # a frame's slack at each end
+    assert not left[blank].any(), "the turn with the card number, and a second before it"
+    assert np.count_nonzero(left[second + 800 : second + 8000]) > 6000, "after it: kept"
+    records = CallRecords(tmp_path / "calls.sqlite", readonly=True)
+    (row,) = records.list()
+    shown = records.show(row["call_id"])
+    records.close()
+    assert shown is not None
+    assert [t["caller_text"] for t in shown["turns"]] == [
+        "hello there",
+        "my card is [redacted 16 digits]",
+    ]
