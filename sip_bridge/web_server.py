@@ -403,11 +403,24 @@ class WebServer:
                 return web.FileResponse(f, headers=headers)
         return error(404, "this call has no recording (any more)")
 
-    async def _api_hangup(self, request: web.Request) -> web.Response:
+    async def _acting(
+        self, request: web.Request, field: str = "", limit: int = 0, example: str = ""
+    ) -> tuple[HttpToken, str, str] | web.Response:
+        """An action's operator token, call id and JSON ``field`` ("" without); else the
+        refusal."""
         token = self.access.operator(request)
         if isinstance(token, web.Response):
             return token
-        call_id = request.match_info["call_id"]
+        value = await _field(request, field, limit) if field else ""
+        if value is None:
+            return error(400, f'send {{"{field}": "{example}"}}')
+        return token, request.match_info["call_id"], value
+
+    async def _api_hangup(self, request: web.Request) -> web.Response:
+        acting = await self._acting(request)
+        if isinstance(acting, web.Response):
+            return acting
+        token, call_id, _ = acting
         session = self._by_call_id(call_id)
         if session is not None:
             self.bridge.telemetry.operator(call_id, "hangup", token.name, "http")
@@ -416,13 +429,10 @@ class WebServer:
         return self._command(Hangup(call_id), token)
 
     async def _api_transfer(self, request: web.Request) -> web.Response:
-        token = self.access.operator(request)
-        if isinstance(token, web.Response):
-            return token
-        call_id = request.match_info["call_id"]
-        target = await _field(request, "target", 256)
-        if target is None:
-            return error(400, 'send {"target": "sip:..."}')
+        acting = await self._acting(request, "target", 256, "sip:...")
+        if isinstance(acting, web.Response):
+            return acting
+        token, call_id, target = acting
         if self._by_call_id(call_id) is not None:
             return error(409, "a browser session has no phone line to transfer")
         call = self.bridge.calls.get(call_id)
@@ -431,13 +441,10 @@ class WebServer:
         return self._command(Transfer(call_id, target), token)
 
     async def _api_say(self, request: web.Request) -> web.Response:
-        token = self.access.operator(request)
-        if isinstance(token, web.Response):
-            return token
-        call_id = request.match_info["call_id"]
-        text = await _field(request, "text", 4096)
-        if text is None:
-            return error(400, 'send {"text": "what the agent says"}')
+        acting = await self._acting(request, "text", 4096, "what the agent says")
+        if isinstance(acting, web.Response):
+            return acting
+        token, call_id, text = acting
         session = self._by_call_id(call_id)
         if session is None:
             return self._command(Say(call_id, text), token)

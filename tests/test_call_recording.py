@@ -94,6 +94,31 @@ def test_the_callers_side_is_blanked_after_the_fact_on_disk_and_in_waiting(
     assert abs(_hz(right[mark : 150 * 160]) - 1000) < 5  # the agent's side is whole
 
 
+def _record_a_call(
+    server: BridgeServer, play: Path, seconds: float
+) -> tuple[NDArray[np.int16], NDArray[np.int16]]:
+    """One call of ``play`` to ``server`` (its records next to ``play``): the recording."""
+
+    async def main() -> None:
+        await server.start()
+        try:
+            result = await place_call(CallOptions(
+                f"sip:rec@127.0.0.1:{server.port}", play, play.with_name("heard.wav"),
+                duration_s=seconds, rtp_ports=(45900, 45999),
+            ))  # fmt: skip
+            assert result.answered
+            for _ in range(50):
+                if not server.calls:
+                    break
+                await asyncio.sleep(0.05)
+        finally:
+            await server.stop()
+
+    asyncio.run(main())
+    (wav,) = (play.parent / "rec").glob("*.wav")
+    return _read(wav)
+
+
 def test_recording_path_is_safe_and_dated(tmp_path: Path) -> None:
     p = recording_path(tmp_path, "a/b c@host", when=0.0)
     assert p.parent == tmp_path and p.name == "19700101-000000_a_b_c@host.wav"
@@ -107,26 +132,7 @@ def test_a_recorded_call_holds_both_sides(tmp_path: Path) -> None:
         '[records]\nenabled = true\ndb = "calls.sqlite"\nrecordings_dir = "rec"\n'
     )
     play = write_wav(tmp_path / "a.wav", _tone(440, 16000))
-
-    async def main() -> None:
-        server = BridgeServer(load_config(f))
-        await server.start()
-        try:
-            result = await place_call(CallOptions(
-                f"sip:echo@127.0.0.1:{server.port}", play, tmp_path / "heard.wav",
-                duration_s=3.0, rtp_ports=(45900, 45999),
-            ))  # fmt: skip
-            assert result.answered
-            for _ in range(50):
-                if not server.calls:
-                    break
-                await asyncio.sleep(0.05)
-        finally:
-            await server.stop()
-
-    asyncio.run(main())
-    (wav,) = (tmp_path / "rec").glob("*.wav")
-    left, right = _read(wav)
+    left, right = _record_a_call(BridgeServer(load_config(f)), play, 3.0)
     assert 2.5 * 8000 <= left.size <= 3.6 * 8000
     # left: what the caller said (440 Hz from the start); right: the echo, 0.5 s later
     on_left = int(np.flatnonzero(np.abs(left) > 2000)[0])
@@ -139,6 +145,7 @@ def test_a_recorded_call_holds_both_sides(tmp_path: Path) -> None:
     shown = records.show(row["call_id"])
     records.close()
     assert shown is not None
+    (wav,) = (tmp_path / "rec").glob("*.wav")
     assert [e["data"]["path"] for e in shown["events"] if e["kind"] == "recording"] == [str(wav)]
 
 
@@ -177,26 +184,8 @@ def test_a_turn_with_a_card_number_blanks_the_callers_side_back_to_the_turn_befo
         '[records]\nenabled = true\ndb = "calls.sqlite"\nrecordings_dir = "rec"\n'
     )
     play = write_wav(tmp_path / "a.wav", _tone(440, 5 * 8000))
-
-    async def main() -> None:
-        server = BridgeServer(load_config(f), agent_factory=lambda cfg: _CardTurnAgent())
-        await server.start()
-        try:
-            result = await place_call(CallOptions(
-                f"sip:card@127.0.0.1:{server.port}", play, tmp_path / "heard.wav",
-                duration_s=4.0, rtp_ports=(45900, 45999),
-            ))  # fmt: skip
-            assert result.answered
-            for _ in range(50):
-                if not server.calls:
-                    break
-                await asyncio.sleep(0.05)
-        finally:
-            await server.stop()
-
-    asyncio.run(main())
-    (wav,) = (tmp_path / "rec").glob("*.wav")
-    left, _ = _read(wav)
+    server = BridgeServer(load_config(f), agent_factory=lambda cfg: _CardTurnAgent())
+    left, _ = _record_a_call(server, play, 4.0)
     first, second = 50 * 160, 125 * 160  # the two turns' positions on the caller's side
     blank = slice(first - 8000 + 320, second - 320)  # a frame's slack at each end
     assert not left[blank].any(), "the turn with the card number, and a second before it"

@@ -107,6 +107,9 @@ def test_reads_need_a_token_and_actions_an_operators_on_a_listener_others_can_re
                 async with http.post(hang, headers=_headers(VIEWER)) as r:
                     assert r.status == 403 and "viewer token" in (await r.json())["error"]
                 assert await _status(http, "POST", hang) == 401
+                say, body = f"{base}/api/calls/{call_id}/say", {"text": "One moment."}
+                async with http.post(say, json=body, headers=_headers(OPERATOR)) as r:
+                    assert r.status == 404 and "does not take say" in (await r.json())["error"]
                 assert await _status(http, "POST", hang, headers=_headers(OPERATOR)) == 200
                 assert (await first).recorded_s < 10
 
