@@ -560,3 +560,23 @@ async def test_a_sensitive_slot_turn_is_reported_and_logged_without_its_digits(
     assert c.agent.turns[-1].text == spoken  # the agent's own view still has it
     logged = " ".join(r.getMessage() for r in caplog.records)
     assert "caller: [redacted 16 digits]" in logged and "one one" not in logged
+
+
+@aio
+async def test_a_keyed_sensitive_slot_leaves_the_next_spoken_turn_as_it_was() -> None:
+    """Keys fill the slot without a word: the caller's next turn, spoken once the slot is
+    filled, is reported as said (only speech while the slot is asked for is redacted)."""
+    async with Call() as c:
+        c.agent.on_event(DtmfEvent("3"))
+        await c.until(lambda: c.agent.sensitive, "the card asked for")
+        await c.drain()
+        for key in "4111111111111111":
+            c.agent.on_event(DtmfEvent(key))
+            await c.tick(2)
+        await c.until(lambda: not c.agent.sensitive, "the slot filled")
+        await c.drain()
+        assert c.models.spoken[-1].startswith("Thank you. Your payment with your Visa card")
+        await c.turn("What are your opening hours?")
+        await c.drain()
+        reports = [a for _, a in c.out.of("emit") if isinstance(a, TurnCompleted)]
+    assert [r.caller_text for r in reports] == ["What are your opening hours?"]
