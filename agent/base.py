@@ -22,6 +22,7 @@ __all__ = [
     "AgentEvent",
     "AgentOutput",
     "CallInfo",
+    "DeadAir",
     "DtmfEvent",
     "HangupEvent",
     "ModelFault",
@@ -31,10 +32,24 @@ __all__ = [
     "TransferRequest",
     "TransferResult",
     "TurnCompleted",
+    "fade_out_gain",
 ]
 
 #: What agents hear and speak unless they say otherwise: the speech model's native rate.
 DEFAULT_SAMPLE_RATE = 24000
+#: How long an interrupted reply takes to fade out: a hard cut mid-word is the most robotic
+#: sound on a call; 100 ms is gone before the caller's next syllable.
+FADE_MS = 100.0
+
+
+def fade_out_gain(samples: int) -> NDArray[np.float64]:
+    """The gain of a fade-out over ``samples``: (1 - t/T)^2, from 1 to 0. Quadratic, not
+    linear: -6 dB after 30 % of it, -20 dB after 70 %, so the caller hears us stop at once
+    but never a click. One definition for the bridge that plays the fade and the agent
+    that models what the caller hears (its echo canceller's reference)."""
+    t = np.arange(samples, dtype=np.float64) / max(1, samples)
+    out: NDArray[np.float64] = (1.0 - t) ** 2
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +88,7 @@ class TransferRequest:
 # A string: TransferResult is defined at the end of the module.
 AgentEvent: TypeAlias = (
     "DtmfEvent | HangupEvent | TransferRequest | TransferResult | TurnCompleted | SayText"
-    " | PauseAgent | ResumeAgent | ModelFault"
+    " | PauseAgent | ResumeAgent | ModelFault | DeadAir"
 )
 
 
@@ -87,6 +102,13 @@ class AgentOutput(abc.ABC):
     @abc.abstractmethod
     def flush(self) -> float:
         """Barge-in: drop everything queued but not yet sent; returns the ms dropped."""
+
+    def fade_out(self, ms: float = FADE_MS) -> float:
+        """Barge-in, gently: the next ``ms`` of what is queued plays, fading to silence
+        (:func:`fade_out_gain`), and everything after it is dropped, so nothing stale
+        reaches the caller; returns the ms dropped. Concrete so that outputs which cannot
+        fade (test captures) need not implement it: they cut (:meth:`flush`)."""
+        return self.flush()
 
     @abc.abstractmethod
     def hangup(self, reason: str = "") -> None:
@@ -147,12 +169,25 @@ class TurnCompleted:
     """From the agent: one caller turn answered, or cut short by the caller (barge-in), for
     call records, metrics and events. ``agent_text`` is what was played, not what was
     planned; ``stages_ms``: end_of_turn, asr_tail, dialogue, tts_first_audio (those that
-    happened)."""
+    happened). A keypad turn (``input`` "keypad") has ``keys``, what the caller keyed (a
+    slot entry's digits or a menu key), and ``stages_ms``: dialogue, tts_first_audio and
+    total (the turn's last key -> its first reply audio). A sensitive slot's entry comes
+    masked: ``caller_text`` ``[redacted N digits]``, ``keys`` one ``*`` per key."""
 
     caller_text: str
     agent_text: str
     stages_ms: dict[str, float]
     barged_in: bool = False
+    input: Literal["speech", "keypad"] = "speech"
+    keys: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DeadAir:
+    """From the agent: the caller waited ``gap_ms`` in silence for us (one gap of dead
+    air, as :mod:`agent.dead_air` defines it), for records, metrics and the console."""
+
+    gap_ms: float
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,10 +27,12 @@ from agent.llm import LlmClient
 from agent.profile import DTMF_KEYS, Actions, AgentProfile, Intent, SlotSpec, normalize
 from agent.redaction import sensitive_text
 from agent.sentences import SentenceBuffer
+from agent.spoken_numbers import digit_runs, yes_no
 
 __all__ = [
     "DialogueEngine",
     "Hangup",
+    "KeyTurn",
     "ReplyPart",
     "Say",
     "SendDtmf",
@@ -64,76 +66,17 @@ class SendDtmf:
 
 ReplyPart: TypeAlias = Say | Transfer | Hangup | SendDtmf
 
-_UNITS = {"zero": 0, "oh": 0, "o": 0, "one": 1, "two": 2, "three": 3, "four": 4, "five": 5}
-_UNITS |= {"six": 6, "seven": 7, "eight": 8, "nine": 9}
-_TEENS = {"ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14, "fifteen": 15}
-_TEENS |= {"sixteen": 16, "seventeen": 17, "eighteen": 18, "nineteen": 19}
-_TENS = {"twenty": 20, "thirty": 30, "forty": 40, "fifty": 50, "sixty": 60, "seventy": 70}
-_TENS |= {"eighty": 80, "ninety": 90}
-# ASR homophones, read as digits only between two number words ("one to three" -> 123).
-_SOUNDALIKE = {"to": "2", "too": "2", "for": "4", "won": "1", "ate": "8"}
-_YES = {"yes", "yeah", "yep", "yup", "sure", "correct", "right", "ok", "okay", "affirmative"}
-_YES |= {"absolutely", "definitely", "certainly", "indeed"}
-_NO = {"no", "nope", "nah", "not", "dont", "negative", "never"}
 
+@dataclass(frozen=True)
+class KeyTurn:
+    """A turn the caller took on the keypad, and the engine's answer to it."""
 
-def _number_at(words: Sequence[str], i: int) -> tuple[str | None, int]:
-    """The digits spoken at ``words[i]`` and how many words they took."""
-    w, nxt = words[i], (words[i + 1] if i + 1 < len(words) else "")
-    if w.isdigit():
-        return w, 1
-    if w in ("double", "triple") and (nxt in _UNITS or (nxt.isdigit() and len(nxt) == 1)):
-        d = nxt if nxt.isdigit() else str(_UNITS[nxt])
-        return d * (2 if w == "double" else 3), 2
-    if w in _UNITS and nxt == "hundred":
-        value, j = _UNITS[w] * 100, i + 2
-        j += j < len(words) and words[j] == "and"
-        rest, used = _number_at(words, j) if j < len(words) else (None, 0)
-        if rest is not None and len(rest) <= 2 and words[j] not in ("oh", "o"):
-            return str(value + int(rest)), j - i + used
-        return str(value), 2
-    if w in _UNITS and w not in ("oh", "o"):
-        return str(_UNITS[w]), 1
-    if w in _TEENS:
-        return str(_TEENS[w]), 1
-    if w in _TENS:
-        if nxt in _UNITS and _UNITS[nxt] > 0:
-            return str(_TENS[w] + _UNITS[nxt]), 2
-        return str(_TENS[w]), 1
-    return None, 0
-
-
-def digit_runs(words: Sequence[str]) -> list[str]:
-    """Runs of spoken digits: "one two three" and "1 2 3" -> "123", "twelve thirty four" ->
-    "1234", "double five" -> "55"; "oh" is a zero only after another number."""
-    runs: list[str] = []
-    cur: list[str] = []
-    i = 0
-    while i < len(words):
-        piece, used = _number_at(words, i)
-        w = words[i]
-        between = cur and i + 1 < len(words) and _number_at(words, i + 1)[0] is not None
-        if piece is None and cur and w in ("oh", "o"):
-            piece, used = "0", 1
-        elif piece is None and between and w in _SOUNDALIKE:
-            piece, used = _SOUNDALIKE[w], 1
-        if piece is None:
-            if cur:
-                runs.append("".join(cur))
-                cur = []
-            i += 1
-            continue
-        cur.append(piece)
-        i += used
-    if cur:
-        runs.append("".join(cur))
-    return runs
-
-
-def yes_no(words: Sequence[str]) -> str | None:
-    """ "yes", "no", or None when the answer is neither or both."""
-    y, n = any(w in _YES for w in words), any(w in _NO for w in words)
-    return "yes" if y and not n else "no" if n and not y else None
+    keys: str  # what the caller keyed: a slot entry's digits ("54321") or one key ("2")
+    parts: list[ReplyPart]
+    ended_by: str = "key"  # entries: "#", "length" (max_length reached) or "timeout"
+    # the entry answered a sensitive slot: only the engine may see ``keys`` (the caller's
+    # text for records is ``[redacted N digits]``, see agent.redaction)
+    sensitive: bool = False
 
 
 def _slot_value(slot: SlotSpec, words: Sequence[str]) -> str | None:
@@ -176,7 +119,7 @@ def _phrase_score(phrase: Sequence[str], words: Sequence[str], threshold: float)
 
 
 class DialogueEngine:
-    """One call's conversation. Feed it turns (:meth:`respond`) and keys (:meth:`on_dtmf`);
+    """One call's conversation. Feed it turns (:meth:`respond`) and keys (:meth:`press`);
     speak the :class:`Say` parts, carry out the others, and report what was really heard
     with :meth:`played` (barge-in may cut a reply short)."""
 
@@ -204,6 +147,8 @@ class DialogueEngine:
         self._pending: str | None = None  # the slot being asked for
         self._filled: dict[str, str] = {}
         self._keys = ""  # keypad digits typed into a digits slot so far
+        self._key_at: float | None = None  # when the last of them was typed
+        self._hash_until: float | None = None  # a '#' before this ends an entry already over
         self._llm_warned = False
 
     def fork(self) -> DialogueEngine:
@@ -286,42 +231,74 @@ class DialogueEngine:
         for part in parts + self._after_turn():
             yield part
 
-    async def on_dtmf(self, digit: str) -> AsyncIterator[ReplyPart]:
-        """One key: fills a digits slot ('#' ends, '*' clears), else picks a menu intent."""
+    def press(self, digit: str, now: float | None = None) -> KeyTurn | None:
+        """One key. A :class:`KeyTurn` when it makes a turn: a menu key, a yes/no key, or the
+        key that ends a digits slot's entry ('#', or the ``max_length``-th digit). None when
+        it does not: a digit typed into an unfinished entry, '*' (clears the entry), and
+        keys the engine ignores: '#' right after an entry that ended at its length (the
+        caller's terminator, typed as the prompt said), '#' and unbound '*' or A-D at the
+        menu, anything once the call is ending. The agent must not stop talking for those.
+        """
+        now = self._clock() if now is None else now
         if self.ended or len(digit) != 1 or digit not in DTMF_KEYS:
-            return
-        if closing := self._time_up():
-            for part in closing:
-                yield part
-            return
+            return None
+        grace, self._hash_until = self._hash_until, None
+        if digit == "#" and grace is not None and now <= grace:
+            return None  # the terminator of an entry already complete
+        if closing := self._time_up():  # a key into a sensitive slot's entry stays masked
+            return KeyTurn(digit, closing, sensitive=self.collecting_sensitive)
         slot = self.profile.slots[self._pending] if self._pending else None
         if slot is not None and slot.kind == "digits":
             if digit == "*":
-                self._keys = ""
-                return
+                self._keys, self._key_at = "", None
+                return None
             if digit != "#":
                 self._keys += digit
+                self._key_at = now
                 if len(self._keys) < slot.max_length:
-                    return
-            value, self._keys = self._keys, ""
-            if not value:
-                return
-            self._heard(f"(keypad {value})")
-            ok = slot.min_length <= len(value) <= slot.max_length
-            parts = self._fill(value) if ok else self._miss(slot.retry.render(self._vars))
-        elif slot is not None:  # yes_no: 1 = yes, 2 = no
+                    return None
+                self._hash_until = now + slot.digit_timeout_s
+                return self._entry(slot, "length")
+            return self._entry(slot, "#") if self._keys else None
+        if slot is not None:  # yes_no: 1 = yes, 2 = no
             self.transcript.append(("caller", f"(keypad {digit})"))
             answer = {"1": "yes", "2": "no"}.get(digit)
             parts = self._fill(answer) if answer else self._miss(slot.retry.render(self._vars))
-        elif digit == "#":
-            return
         else:
-            self.transcript.append(("caller", f"(keypad {digit})"))
             intent = next((i for i in self.profile.intents if i.dtmf == digit), None)
+            if intent is None and digit in "#*ABCD":
+                return None  # not a menu choice: nothing a caller meant to answer
+            self.transcript.append(("caller", f"(keypad {digit})"))
             parts = self._begin(intent, ()) if intent else self._miss(None)
         self.turns += 1
-        for part in parts + self._after_turn():
-            yield part
+        return KeyTurn(digit, parts + self._after_turn())
+
+    def keypad_deadline(self) -> float | None:
+        """When the unfinished keypad entry times out (``digit_timeout_s`` after its last
+        key), on the engine's clock; None when no entry is open."""
+        slot = self.profile.slots[self._pending] if self._pending else None
+        if slot is None or slot.kind != "digits" or not self._keys or self._key_at is None:
+            return None
+        return self._key_at + slot.digit_timeout_s
+
+    def keypad_timeout(self, now: float | None = None) -> KeyTurn | None:
+        """Call now and then (every tick): the entry's turn once its deadline has passed
+        (a shorter entry than ``min_length`` gets the slot's retry)."""
+        deadline = self.keypad_deadline()
+        now = self._clock() if now is None else now
+        if deadline is None or now < deadline or self.ended:
+            return None
+        assert self._pending is not None
+        return self._entry(self.profile.slots[self._pending], "timeout")
+
+    def _entry(self, slot: SlotSpec, ended_by: str) -> KeyTurn:
+        """A digits slot's keypad entry is over: fill the slot, or say its retry."""
+        value, self._keys, self._key_at = self._keys, "", None
+        self._heard(f"(keypad {value})")
+        ok = slot.min_length <= len(value) <= slot.max_length
+        parts = self._fill(value) if ok else self._miss(slot.retry.render(self._vars))
+        self.turns += 1
+        return KeyTurn(value, parts + self._after_turn(), ended_by, sensitive=slot.sensitive)
 
     # -- rules -------------------------------------------------------------------------
 
@@ -348,7 +325,8 @@ class DialogueEngine:
 
     def _begin(self, intent: Intent, words: Sequence[str]) -> list[ReplyPart]:
         """Start an intent; digits already said ("where is order 12345") fill its slots."""
-        self._intent, self._filled, self._pending, self._keys = intent, {}, None, ""
+        self._intent, self._filled, self._pending = intent, {}, None
+        self._keys, self._key_at = "", None
         for name in intent.slots:
             slot = self.profile.slots[name]
             if slot.kind == "digits" and (v := _slot_value(slot, words)) is not None:
@@ -357,6 +335,7 @@ class DialogueEngine:
 
     def _fill(self, value: str) -> list[ReplyPart]:
         assert self._pending is not None
+        self._keys, self._key_at = "", None  # (a spoken answer ends a half-typed entry)
         self._filled[self._pending] = value
         self._pending = None
         return self._proceed()

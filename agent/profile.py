@@ -23,6 +23,7 @@ __all__ = [
     "AgentProfile",
     "BargeIn",
     "Fallback",
+    "Filler",
     "Intent",
     "Limits",
     "LlmSettings",
@@ -31,6 +32,7 @@ __all__ = [
     "ProfileError",
     "SlotSpec",
     "Template",
+    "TransferSettings",
     "Voice",
     "load_profile",
     "parse_template",
@@ -112,6 +114,8 @@ class SlotSpec:
     retry: Template
     min_length: int = 1
     max_length: int = 20
+    # keypad entry: no key for this long ends the entry (as '#' does)
+    digit_timeout_s: float = 3.0
     # a PIN or a card number: never stored, sent or spoken back (see agent.redaction)
     sensitive: bool = False
 
@@ -183,11 +187,43 @@ class LlmSettings:
 class BargeIn:
     enabled: bool = True
     min_speech_ms: int = 200
+    # normalised phrases that, said alone while the agent talks, are no turn and do not
+    # stop it for good (agent.backchannel); empty: every barge-in is a turn
+    backchannels: tuple[tuple[str, ...], ...] = field(default_factory=lambda: _defaults())
+
+
+def _defaults() -> tuple[tuple[str, ...], ...]:
+    from agent.backchannel import DEFAULT_BACKCHANNELS, phrases  # it imports normalize
+
+    return phrases(DEFAULT_BACKCHANNELS)
 
 
 @dataclass(frozen=True)
 class Voice:
     length_scale: float = 1.0
+
+
+@dataclass(frozen=True)
+class Filler:
+    """What fills a wait while the agent works ([agent] filler*), so that the caller never
+    sits in more than ~1.5 s of silence: after ``after_ms`` of it, ``text`` is said (once
+    per wait), and a short tone at ``tone_hz`` if the wait goes on (0: no tone; with
+    ``text`` empty the tone is all). See agent.dead_air for what counts as a wait."""
+
+    text: str = "One moment."
+    tone_hz: float = 440.0
+    after_ms: int = 1000
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.text) or self.tone_hz > 0
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    """[transfer] of a profile: what the caller hears while a transfer rings."""
+
+    hold_audio: str = ""  # a WAV looped until the target answers; "": the bridge's, else ringback
 
 
 @dataclass(frozen=True)
@@ -209,6 +245,8 @@ class AgentProfile:
     data: Mapping[str, Mapping[str, Mapping[str, str]]]
     barge_in: BargeIn = field(default_factory=BargeIn)
     voice: Voice = field(default_factory=Voice)
+    filler: Filler = field(default_factory=Filler)
+    transfer: TransferSettings = field(default_factory=TransferSettings)
     matching: Matching = field(default_factory=Matching)
     hours: BusinessHours | None = None  # outside them, calls get hours.after_hours_profile
     language: str = "en"  # what callers speak and hear (the speech models must match)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, NoReturn
@@ -20,6 +21,7 @@ from agent.profile import (
     AgentProfile,
     BargeIn,
     Fallback,
+    Filler,
     Intent,
     Limits,
     LlmSettings,
@@ -28,6 +30,7 @@ from agent.profile import (
     ProfileError,
     SlotSpec,
     Template,
+    TransferSettings,
     Voice,
     normalize,
     parse_template,
@@ -45,14 +48,16 @@ def _keys(types: tuple[type, ...], names: str) -> dict[str, tuple[type, ...]]:
 
 _ACTIONS = _keys(_STR, "reply send_dtmf transfer") | {"set": _TABLE, "hangup": _BOOL}
 _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
-    "agent": _keys(_STR, "name greeting language"),
+    "agent": _keys(_STR, "name greeting language filler")
+    | {"filler_tone_hz": _NUM, "filler_after_ms": _INT},
     "variables": {},
     "matching": _keys(_NUM, "fuzzy_threshold example_threshold"),
     "limits": {"max_turns": _INT, "max_call_s": _NUM, "closing": _STR},
     "fallback": _keys(_STR, "escalate_reply escalate_transfer transfer_failed")
     | {"replies": _LIST, "escalate_after": _INT},
-    "barge_in": {"enabled": _BOOL, "min_speech_ms": _INT},
+    "barge_in": {"enabled": _BOOL, "min_speech_ms": _INT, "backchannels": _LIST},
     "voice": {"length_scale": _NUM},
+    "transfer": {"hold_audio": _STR},
     "hours": _keys(_STR, "timezone after_hours_profile mon tue wed thu fri sat sun")
     | {"holidays": _LIST},
     "llm": _keys(_STR, "mode base_url model api_key_env system_prompt")
@@ -60,7 +65,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     | {"max_tokens": _INT},
     "slots.*": _keys(_STR, "type prompt retry")
     | _keys(_INT, "min_length max_length")
-    | {"sensitive": _BOOL},
+    | {"digit_timeout_s": _NUM, "sensitive": _BOOL},
     "intents.*": _ACTIONS
     | _keys(_LIST, "keywords patterns examples slots")
     | _keys(_STR, "dtmf not_found")
@@ -221,8 +226,10 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
             _opt(ld, "limits", "closing", lim, known) or limits.closing,
         )
     bi = ld.table("barge_in", data.get("barge_in", {}), "barge_in")
-    barge_in = BargeIn(**bi)
+    barge_in = BargeIn(**{k: v for k, v in bi.items() if k != "backchannels"})
     ld.number("barge_in", "min_speech_ms", barge_in.min_speech_ms, 0, 5000)
+    if "backchannels" in bi:
+        barge_in = replace(barge_in, backchannels=_build_backchannels(ld, bi["backchannels"]))
     vo = ld.table("voice", data.get("voice", {}), "voice")
     voice = Voice(float(vo.get("length_scale", 1.0)))
     ld.number("voice", "length_scale", voice.length_scale, 0.5, 2.0)
@@ -245,8 +252,59 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
         barge_in=barge_in,
         voice=voice,
         matching=matching,
+        filler=_build_filler(ld, agent),
+        transfer=_build_transfer(ld, data.get("transfer", {})),
         path=ld.path,
     )
+
+
+def _build_filler(ld: _Loader, agent: dict[str, Any]) -> Filler:
+    f = Filler(
+        text=" ".join(agent.get("filler", Filler.text).split()),
+        tone_hz=float(agent.get("filler_tone_hz", Filler.tone_hz)),
+        after_ms=agent.get("filler_after_ms", Filler.after_ms),
+    )
+    if f.tone_hz and not 100 <= f.tone_hz <= 3400:
+        why = f"must be 0 (no tone) or 100..3400 Hz, got {f.tone_hz:g}"
+        ld.fail("agent", "filler_tone_hz", why)
+    # the filler must start before the caller has waited 1.5 s (a tick and pacing later)
+    ld.number("agent", "filler_after_ms", f.after_ms, 200, 1300)
+    if len(f.text) > 80:
+        ld.fail("agent", "filler", "keep it short (at most 80 characters): it fills a wait")
+    return f
+
+
+def _build_transfer(ld: _Loader, raw: Any) -> TransferSettings:
+    tr = ld.table("transfer", raw, "transfer")
+    if not tr.get("hold_audio"):
+        return TransferSettings()
+    f = Path(tr["hold_audio"])
+    f = f if f.is_absolute() else Path(ld.path).resolve().parent / f  # relative to the profile
+    try:
+        found = f.is_file()
+    except (OSError, ValueError):
+        found = False
+    if not found:
+        ld.fail("transfer", "hold_audio", f"no such file: {f}")
+    from agent.playback import load_wav  # scipy: only for profiles that have hold audio
+
+    try:
+        load_wav(f, 8000)
+    except ValueError as exc:
+        ld.fail("transfer", "hold_audio", str(exc))
+    return TransferSettings(hold_audio=str(f))
+
+
+def _build_backchannels(ld: _Loader, raw: list[str]) -> tuple[tuple[str, ...], ...]:
+    out = []
+    for text in raw:
+        words = normalize(text)
+        if not words:
+            ld.fail("barge_in", "backchannels", f"{text!r} has no words")
+        if len(words) > 3:
+            ld.fail("barge_in", "backchannels", f"{text!r}: a backchannel is 1-3 words")
+        out.append(words)
+    return tuple(out)
 
 
 def _build_hours(ld: _Loader, raw: Any) -> BusinessHours | None:
@@ -314,10 +372,14 @@ def _build_slots(ld: _Loader, raw: Any, known: set[str]) -> dict[str, SlotSpec]:
         ld.number(sec, "min_length", lo, 1, 64)
         ld.number(sec, "max_length", hi, lo, 64)
         retry = _opt(ld, sec, "retry", spec, mine) or prompt
+        timeout = float(spec.get("digit_timeout_s", SlotSpec.digit_timeout_s))
+        if "digit_timeout_s" in spec and kind != "digits":
+            ld.fail(sec, "digit_timeout_s", "only a digits slot has keypad entry")
+        ld.number(sec, "digit_timeout_s", timeout, 1, 30)
         sensitive = spec.get("sensitive", False)
         if sensitive and kind != "digits":
             ld.fail(sec, "sensitive", "only a digits slot can be sensitive (a PIN, a card number)")
-        out[name] = SlotSpec(name, kind, prompt, retry, lo, hi, sensitive)
+        out[name] = SlotSpec(name, kind, prompt, retry, lo, hi, timeout, sensitive)
     return out
 
 

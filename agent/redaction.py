@@ -18,18 +18,21 @@ data of this kind that is the safe mistake.
 from __future__ import annotations
 
 import re
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Generic, NamedTuple, TypeVar
 
 __all__ = [
     "MAX_CARD",
     "MIN_CARD",
     "HeldKey",
     "KeypadRun",
+    "KeypadTurns",
     "card_mask",
     "count_digits",
     "luhn_valid",
+    "mask_card_keys",
     "redact_card_numbers",
     "redacted",
     "sensitive_text",
@@ -211,6 +214,21 @@ def redact_card_numbers(text: str) -> tuple[str, int]:
     return "".join(out), len(cuts)
 
 
+_DIGIT_RUN = re.compile(r"\d+")
+
+
+def mask_card_keys(keys: str) -> tuple[str, int]:
+    """Keys typed in one go (a keypad turn's ``54321``) with every digit of a card number
+    in them shown as ``*``; and how many digits were masked."""
+    out, masked = list(keys), 0
+    for m in _DIGIT_RUN.finditer(keys):
+        for i, hit in enumerate(card_mask(m.group())):
+            if hit:
+                out[m.start() + i] = "*"
+                masked += 1
+    return ("".join(out), masked) if masked else (keys, 0)
+
+
 def sensitive_text(text: str) -> str:
     """What is kept of a sensitive slot's input: how many digits it had, never which."""
     return redacted(count_digits(text))
@@ -220,11 +238,13 @@ def sensitive_text(text: str) -> str:
 
 
 class HeldKey(NamedTuple):
-    """One key press on its way to the records: the key, when, and how it came."""
+    """One key press on its way to the records: the key, when, and how it came (``seq``:
+    its number among the call's digits, see :class:`KeypadTurns`)."""
 
     digit: str
     at: float
     method: str = "rfc4733"
+    seq: int = -1
 
 
 class KeypadRun:
@@ -281,4 +301,78 @@ class KeypadRun:
         del self._held[:count]
         keep = len(self._held) + MAX_CARD - 1  # released digits later stretches may include
         self._digits = self._digits[-keep:] if keep < len(self._digits) else self._digits
+        return out
+
+
+T = TypeVar("T")
+
+
+class KeypadTurns(Generic[T]):
+    """One call's keypad turns, each held until the keys in it have left :class:`KeypadRun`.
+
+    A card number keyed at a menu, one key at a time, makes one keypad turn per key: each
+    turn's key must be masked as its ``dtmf`` event is, or the turns spell the number.
+    Digits are numbered as they are pressed (:meth:`pressed`) and get their verdict as the
+    run releases them (:meth:`released`). A turn (:meth:`add`) claims the first unclaimed
+    digits that spell its keys (turns come in the order of their keys; digits no turn
+    claims, such as an entry cleared with '*', are passed over). Turns leave in order, each
+    once all its digits have a verdict, with them: ``(turn, masked per digit)``; a turn
+    whose keys hold no pressed digits (a sensitive slot's, already masked) leaves as is.
+    """
+
+    def __init__(self, keep: int = 4 * MAX_CARD) -> None:
+        self._next = 0
+        self._keep = keep
+        self._free: deque[tuple[int, str]] = deque()  # pressed digits no turn has claimed
+        self._verdict: dict[int, bool] = {}  # released digits, free or claimed
+        self._queue: deque[tuple[T, list[int]]] = deque()
+
+    @property
+    def waiting(self) -> bool:
+        return bool(self._queue)
+
+    def pressed(self, digit: str) -> int:
+        """A digit into the run: its number (for its :class:`HeldKey`)."""
+        seq, self._next = self._next, self._next + 1
+        self._free.append((seq, digit))
+        if len(self._free) > self._keep:  # never claimed: no turn comes for it any more
+            old, _ = self._free.popleft()
+            self._verdict.pop(old, None)
+        return seq
+
+    def released(self, seq: int, masked: bool) -> list[tuple[T, list[bool]]]:
+        """A digit's verdict (``seq`` from :meth:`pressed`); the turns that may leave now."""
+        if seq >= 0:
+            self._verdict[seq] = masked
+        return self._ready()
+
+    def add(self, keys: str, turn: T) -> list[tuple[T, list[bool]]]:
+        """A keypad turn that keyed ``keys``; the turns that may leave now, in order."""
+        self._queue.append((turn, self._claim(keys)))
+        return self._ready()
+
+    def drain(self) -> list[tuple[T, list[bool]]]:
+        """The call is over: every turn leaves (a digit without a verdict counts as masked)."""
+        out = [(t, [self._verdict.get(s, True) for s in seqs]) for t, seqs in self._queue]
+        self._queue.clear()
+        self._free.clear()
+        self._verdict.clear()
+        return out
+
+    def _claim(self, keys: str) -> list[int]:
+        digits = "".join(ch for ch in keys if "0" <= ch <= "9")
+        free = list(self._free)
+        at = "".join(d for _, d in free).find(digits) if digits else -1
+        if at < 0:
+            return []
+        for seq, _ in free[:at]:  # passed over: no later turn claims them
+            self._verdict.pop(seq, None)
+        self._free = deque(free[at + len(digits) :])
+        return [seq for seq, _ in free[at : at + len(digits)]]
+
+    def _ready(self) -> list[tuple[T, list[bool]]]:
+        out: list[tuple[T, list[bool]]] = []
+        while self._queue and all(s in self._verdict for s in self._queue[0][1]):
+            turn, seqs = self._queue.popleft()
+            out.append((turn, [self._verdict.pop(s) for s in seqs]))
         return out

@@ -59,6 +59,7 @@ class Speculation:
         self._executor = executor
         self._first_words = first_words
         self.heard = asyncio.Event()  # the ASR text is known
+        self.aborted = False
         self.task: asyncio.Task[None] = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
@@ -84,5 +85,6 @@ class Speculation:
     def abort(self) -> list[Future[str]]:
         """The caller went on: stop, and hand back the texts it was given (the last is
         the transcriber's snapshot; the ones before it, words carried from earlier)."""
+        self.aborted = True
         self.task.cancel()
         return self.texts

@@ -26,11 +26,15 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.backchannel import is_backchannel
+from agent.barge_in import BargeInGate, EchoGate, LoudnessGate
 from agent.base import (
+    FADE_MS,
     Agent,
     AgentEvent,
     AgentOutput,
     CallInfo,
+    DeadAir,
     DtmfEvent,
     HangupEvent,
     ModelFault,
@@ -40,8 +44,10 @@ from agent.base import (
     TransferRequest,
     TransferResult,
     TurnCompleted,
+    fade_out_gain,
 )
-from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, SendDtmf, Transfer
+from agent.call_flow import CallFlow
+from agent.dialogue import DialogueEngine, Hangup, KeyTurn, ReplyPart, Say, SendDtmf, Transfer
 from agent.model_guard import ModelGuard
 from agent.profile import AgentProfile
 from agent.redaction import sensitive_text
@@ -61,6 +67,8 @@ TICK_S = FRAME / RATE
 LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length limit
 FRAME_MS = 20
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
+MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
+BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
 
@@ -82,16 +90,32 @@ class TurnTiming:
     # dialogue and TTS may be done before turn_end
     heard: list[str] = field(default_factory=list)  # what of the reply was played
     reported: bool = False  # a TurnCompleted went out
-    sensitive: bool = False  # the caller answered a sensitive slot: report no text
+    keys: str = ""  # a keypad turn: what the caller keyed (turn_end: its last key)
+    sensitive: bool = False  # the caller answered a sensitive slot: report no text, no keys
 
     @property
     def caller_text(self) -> str:
-        """What may be kept of what the caller said (see agent.redaction)."""
+        """What may be kept of what the caller said or keyed (see agent.redaction)."""
         return sensitive_text(self.text) if self.sensitive else self.text
 
+    @property
+    def caller_keys(self) -> str:
+        """What may be kept of what the caller keyed: a sensitive entry's keys as '*'."""
+        return "*" * len(self.keys) if self.sensitive else self.keys
+
     def stages_ms(self) -> dict[str, float]:
-        """The stages that happened, in ms (as bench/turn_latency.py splits a turn)."""
+        """The stages that happened, in ms (as bench/turn_latency.py splits a turn); a
+        keypad turn's: dialogue, tts_first_audio and total (last key -> first reply audio)."""
         out: dict[str, float] = {}
+        if self.keys:
+            for name, a, b in (
+                ("dialogue", self.turn_end, self.reply_ready),
+                ("tts_first_audio", self.reply_ready, self.tts_first),
+                ("total", self.turn_end, self.first_write),
+            ):
+                if a and b:
+                    out[name] = round(max(0.0, 1000 * (b - a)), 1)
+            return out
         for name, a, b in (
             ("end_of_turn", self.speech_end, self.turn_end),
             ("asr_tail", self.turn_end, self.asr_done),
@@ -101,6 +125,27 @@ class TurnTiming:
             if a and b:
                 out[name] = round(max(0.0, 1000 * (b - a)), 1)
         return out
+
+
+@dataclass
+class _Undo:
+    """What taking back a turn needs (the caller went on after a pause, see
+    :meth:`VoiceAgent._caller_talks_over`)."""
+
+    timing: TurnTiming
+    engine: DialogueEngine  # the dialogue before the turn ended
+    spec: Speculation  # its words and its reply
+    reply_tick: int | None = None  # the tick its first audio reaches the wire
+
+
+@dataclass
+class _Held:
+    """A reply waiting while the caller says something that may be a backchannel."""
+
+    timing: TurnTiming | None  # the turn the reply answers (None: the greeting, a command)
+    speech: int = 0  # ticks of the caller's speech since
+    probe: Future[str] | None = None  # what they said, asked at their latest pause
+    audio: list[NDArray[np.int16]] = field(default_factory=list)  # their words (16 kHz)
 
 
 class VoiceAgent(Agent):
@@ -116,9 +161,12 @@ class VoiceAgent(Agent):
         *,
         engine_factory: Callable[[AgentProfile, CallInfo], DialogueEngine] | None = None,
         model_timeout_s: float = 10.0,
+        hold_audio: NDArray[np.int16] | None = None,
     ) -> None:
         """``model_timeout_s``: a model run still going after this long is a
-        :class:`ModelFault` of the call, as is one that raises (0: no time limit)."""
+        :class:`ModelFault` of the call, as is one that raises (0: no time limit).
+        ``hold_audio``: what a caller hears while a transfer rings (8 kHz, looped;
+        None: ringback)."""
         self.models = models
         self.profile = profile
         # barge-in is the profile's to shape (a menu may want it off, a chatty agent longer)
@@ -134,6 +182,8 @@ class VoiceAgent(Agent):
         self.turns: list[TurnTiming] = []
         self.paused = False  # an operator paused us (MQTT command): no listening, no turns
         self.barge_ins = 0  # replies cut short by the caller (speech or a key)
+        self.merges = 0  # turns taken back: the caller went on after a pause
+        self.backchannels = 0  # "uh-huh"s heard over a reply that then went on
         self.events: list[AgentEvent] = []
         self._out: AgentOutput | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,6 +195,8 @@ class VoiceAgent(Agent):
         self._stt = models.transcriber(self.guard.executor("asr"))
         self._eot = models.end_of_turn(self.settings, self.guard.executor("turn"))
         self.playout = ReplyPlayout()
+        # dead air, fillers and transfer ringback: what the caller hears between replies
+        self.flow = CallFlow(profile.filler, hold_audio)
         self._tick = 0
         self._user_speaking = False  # VAD's window-by-window decision
         self._confirmed = False  # the segmenter's: speech that lasted (not a click)
@@ -161,15 +213,20 @@ class VoiceAgent(Agent):
         # ASR of words the caller went on from (a pause that was not the end of the turn)
         self._carry: list[Future[str]] = []
         self._spec: Speculation | None = None  # a reply being prepared during a pause
+        self._undo: _Undo | None = None  # the turn being answered, while it can merge
+        self._held: _Held | None = None  # a reply held for a possible backchannel
         self._quiet = 0  # ticks since the caller's last speech
         self._sensitive_heard = False  # the caller spoke while a sensitive slot was asked
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
-        # frame energies: ours (long enough for a barge-in window at any echo lag), and the
-        # caller's (one barge-in window)
+        # what comes back, less our own line echo; and whether it is more than that echo
         run = max(1, -(-self.settings.barge_in_ms // FRAME_MS))
-        self._ref: deque[float] = deque([0.0], maxlen=run + round(ECHO_S / TICK_S))
-        self._heard: deque[float] = deque([0.0], maxlen=run)
+        margin = self.settings.echo_margin_db
+        self.gate: BargeInGate = (
+            EchoGate(run, margin_db=margin)
+            if self.settings.echo_canceller
+            else LoudnessGate(run, margin_db=margin)
+        )
         self._preroll: deque[tuple[NDArray[np.int16], bool]] = deque(maxlen=preroll)
 
     # -- Agent interface -------------------------------------------------------------------
@@ -185,6 +242,8 @@ class VoiceAgent(Agent):
         self._drained.set()
         self.guard.bind(self._loop, self._on_fault)
         self.engine = self._engine_factory(self.profile, call)
+        self.flow.start(time.monotonic())
+        self.flow.prepare_phrase(self.models.executor, self.models.synthesize, self.models)
         self._spawn(self._play_parts(_aiter(self.engine.greeting()), None))
 
     def on_audio(self, pcm: NDArray[np.int16]) -> None:
@@ -196,9 +255,9 @@ class VoiceAgent(Agent):
             if closing:
                 self._interrupt_with(closing)
         now = time.monotonic()
-        rms = self.playout.advance(pcm.size)
-        self._ref.append(rms * rms)  # our frame energies, and the caller's:
-        self._heard.append(float(np.mean(pcm.astype(np.float64) ** 2)))
+        # the caller's side less the echo of what went out this tick: all we listen to
+        pcm = self.gate.process(pcm, self.playout.play(pcm.size))
+        self._flow_tick(now)
         if self._drained is not None and not self.playout.playing:
             self._drained.set()
         if self.paused or self.guard.fault is not None:  # an operator took over, or a
@@ -224,15 +283,21 @@ class VoiceAgent(Agent):
             self._preroll.append((pcm16, self._user_speaking))
             if not self._should_barge_in():
                 return
-            self._barge_in()
+            self._caller_talks_over()
             for old, speaking in self._preroll:  # the caller's first words belong to the turn
                 self._stt.push(old, speaking)
                 self._eot.push(old, speaking)
+                if self._held is not None:
+                    self._held.audio.append(old)
             self._preroll.clear()
             return
         self._stt.push(pcm16, self._user_speaking)
         self._eot.push(pcm16, self._user_speaking)
         self._quiet = 0 if self._user_speaking else self._quiet + 1
+        if self._held is not None:
+            self._held.audio.append(pcm16)
+            self._listen_held(self._held)
+            return  # no turn ends while a reply is held: it resumes, or the turn goes on
         if self._spec is not None and self._user_speaking:
             self._drop_speculation()  # it was a pause, not the end of the turn
         if self._speech_ticks * TICK_S * 1000 >= self.settings.min_speech_ms:
@@ -246,25 +311,28 @@ class VoiceAgent(Agent):
         self.events.append(event)
         if self.engine is None:
             return
-        if isinstance(event, DtmfEvent):  # a key stops the reply, like speech does
-            self._drop_speculation()
-            if self._busy:
-                self._barge_in()
-            self._busy = True
-            self._spawn(self._play_parts(self.engine.on_dtmf(event.digit), None))
+        if isinstance(event, DtmfEvent):
+            if self.paused:  # a person has the call: the key is theirs (the bridge logs it)
+                return
+            now = time.monotonic()
+            self._dead_air(self.flow.caller_acted(now))
+            self._key(event.digit, now)
         elif isinstance(event, TransferResult):
+            self.flow.transfer_ended()  # the ringback stops
             if event.outcome != "succeeded":
                 log.info("transfer to %s failed (%s)", event.target, event.status)
             back = self.engine.on_transfer_result(event.outcome == "succeeded")
             if back:
                 self._interrupt_with(back)
         elif isinstance(event, HangupEvent):
+            self._dead_air(self.flow.close(time.monotonic()))  # the caller hung up waiting
             self._cancel.set()
         elif isinstance(event, SayText):
             self._drop_speculation()
             self._interrupt_with([Say(event.text)])
         elif isinstance(event, PauseAgent) and not self.paused:
             self.paused = True
+            self._commit_hold()
             self._drop_speculation()
             if self._busy:
                 self._barge_in()  # stop talking, on the wire too
@@ -307,29 +375,18 @@ class VoiceAgent(Agent):
             self._confirmed = False
 
     def _should_barge_in(self) -> bool:
-        """Speech for barge_in_ms, louder on average than an echo of our voice could be.
-
-        An echo is our voice of a round trip ago (up to ECHO_S), at least echo_margin_db
-        down: so the caller's mean energy over the last barge_in_ms must beat that margin
-        under our loudest mean over a window as long, at any lag up to ECHO_S. Means, not
-        single frames: speech and our voice both come and go."""
+        """Speech (the VAD, on what is left once our echo is taken out) for barge_in_ms,
+        and more of it than our echo can explain (:mod:`agent.barge_in`)."""
         s = self.settings
         run = max(1, -(-s.barge_in_ms // FRAME_MS))  # whole ticks, rounded up
-        if not s.barge_in or self._run < run:
-            return False
-        heard = list(self._heard)[-run:]
-        ours = np.asarray(self._ref)
-        sums = np.convolve(ours, np.ones(min(run, ours.size)), mode="valid")
-        loudest = float(sums.max()) / min(run, ours.size)
-        return sum(heard) / len(heard) > loudest * 10 ** (-s.echo_margin_db / 10)
+        return s.barge_in and self._run >= run and self.gate.caller_louder()
 
     def _barge_in(self) -> None:
-        """The caller talks over us: stop the reply where it is, on the wire too."""
-        self._gen += 1
+        """The caller talks over us (or presses a key): stop the reply where it is, on the
+        wire too; the turn it answered is reported as cut short."""
         self.barge_ins += 1
-        self._cancel.set()
-        dropped = self._out.flush() if self._out is not None else 0.0
-        heard = self.playout.cut()
+        self._undo = None
+        heard = self._stop_reply()
         if self.engine is not None:
             self.engine.played(heard)
         if self._turn is not None:
@@ -337,12 +394,138 @@ class VoiceAgent(Agent):
             if heard:
                 self._turn.heard.append(heard)
             self._report(self._turn)
+
+    def _caller_talks_over(self) -> None:
+        """Speech over our reply. Within MERGE_TICKS of the reply's start (or before it
+        started), it was a pause, not the end of the turn: the caller went on. Then the
+        turn is taken back, as if it had not ended: its reply stops, the dialogue forgets
+        it, it is never reported, and its words open the turn that goes on now, which is
+        answered once, whole. Otherwise it is a barge-in."""
+        undo = self._undo
+        onset = self._tick - self._run  # the tick the caller's speech began
+        log.debug(
+            "speech over the reply: onset tick %d, reply from tick %s, undo %s",
+            onset,
+            None if undo is None else undo.reply_tick,
+            undo is not None,
+        )
+        if undo is None or (undo.reply_tick is not None and onset - undo.reply_tick > MERGE_TICKS):
+            if self.profile.barge_in.backchannels:
+                self._hold()  # perhaps only "uh-huh": known when they pause
+            else:
+                self._barge_in()
+            return
+        self._undo = None
+        self.merges += 1
+        self._stop_reply()
+        if undo.timing in self.turns:
+            self.turns.remove(undo.timing)
+        if self._turn is undo.timing:
+            self._turn = None
+        self.engine = undo.engine  # as before the turn ended: no reply, no miss counted
+        # its words (transcribed or not yet) go first in the turn that goes on (and keep
+        # their mark if they answered a sensitive slot)
+        self._carry = [*undo.spec.abort(), *self._carry]
+        self._sensitive_heard = self._sensitive_heard or undo.timing.sensitive
+        said = sensitive_text(undo.spec.text) if undo.timing.sensitive else undo.spec.text
+        log.info("caller went on after a pause: %r opens the turn", said)
+
+    def _stop_reply(self) -> str:
+        """Stop what we are saying (fading out on the wire), listen again; returns the part
+        of it that was heard."""
+        self._held = None
+        self._gen += 1
+        self.gate.forget_recent()
+        self._cancel.set()
+        # the reply fades out over FADE_MS (on the wire and in our model of it), rather than
+        # stopping mid-word; nothing after the fade plays
+        dropped = self._out.fade_out(FADE_MS) if self._out is not None else 0.0
+        heard = self.playout.cut(fade_out_gain(round(RATE * FADE_MS / 1000)))
         self._stt.reset()
         self._eot.reset()
         self._busy = False
-        log.debug("barge-in: %.0f ms of reply dropped; heard %r", dropped, heard)
+        log.debug("reply stopped: %.0f ms of it dropped; heard %r", dropped, heard)
         # the caller's words so far belong to the new turn: keep them
         self._speech_ticks = self._run
+        return heard
+
+    # -- backchannels: hold the reply, then go on or give the floor --------------------------
+
+    def _hold(self) -> None:
+        """Speech over the reply that may be a backchannel: fade out as for a barge-in and
+        listen, but keep the reply (and its synthesis going) to go on with."""
+        self._held = _Held(self._turn)
+        self.gate.forget_recent()
+        if self._out is not None:
+            self._out.fade_out(FADE_MS)
+        self.playout.hold(fade_out_gain(round(RATE * FADE_MS / 1000)))
+        self._stt.reset()
+        self._eot.reset()
+        self._busy = False
+        self._speech_ticks = self._run
+
+    def _listen_held(self, held: _Held) -> None:
+        """The caller's speech over a held reply: long, it is theirs (a barge-in); at their
+        first pause, what did they say?"""
+        if self._user_speaking:
+            held.speech += 1
+            held.probe = None  # they went on: what an earlier pause held is not all of it
+            if held.speech * FRAME_MS > BACKCHANNEL_MAX_MS:
+                self._commit_hold()
+        elif held.probe is None and self._quiet * FRAME_MS >= SPECULATE_MS:
+            # the words since the hold, as one clip: an utterance this short is heard best
+            # whole (the transcriber's segments cut it at the VAD's flickers)
+            clip = np.concatenate(held.audio)
+            probe = held.probe = self.guard.executor("asr").submit(self.models.asr.transcribe, clip)
+            loop = self._loop
+            assert loop is not None
+            probe.add_done_callback(lambda f: loop.call_soon_threadsafe(self._probed, held, f))
+
+    def _probed(self, held: _Held, probe: Future[str]) -> None:
+        if self._held is not held or held.probe is not probe or self._closed:
+            return  # settled meanwhile, or the caller went on
+        try:
+            text = probe.result()
+        except Exception:  # the guard reports a failed model; here: not understood
+            text = ""
+        if is_backchannel(text, self.profile.barge_in.backchannels):
+            self._resume(text)
+        else:
+            shown = sensitive_text(text) if self.sensitive else text  # a PIN said over the
+            log.debug("over a held reply: %r, not a backchannel", shown)  # prompt for it
+            self._commit_hold()
+
+    def _resume(self, text: str) -> None:
+        """A backchannel: no turn; the reply goes on from the word it stopped in."""
+        self._held = None
+        self.backchannels += 1
+        audio = self.playout.resume()
+        if audio.size and self._out is not None:
+            self._out.write(audio)
+        self._busy = True
+        self._stt.reset()
+        self._eot.reset()
+        self._speech_ticks = self._quiet = 0
+        log.info("backchannel %r: the reply goes on", text)
+
+    def _commit_hold(self) -> None:
+        """Not a backchannel: the held reply is dropped (a barge-in, reported as one), and
+        the caller's words, still being heard, make the turn they are taking."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        self.barge_ins += 1
+        self._undo = None
+        self._gen += 1  # the held reply's task and synthesis stop
+        self._cancel.set()
+        heard = self.playout.cut()
+        if self.engine is not None:
+            self.engine.played(heard)
+        if held.timing is not None:
+            held.timing.barged_in = True
+            if heard:
+                held.timing.heard.append(heard)
+            self._report(held.timing)
 
     def _interrupt_with(self, parts: list[ReplyPart]) -> None:
         """Say something now, whatever was going on (limits, a failed transfer)."""
@@ -368,7 +551,7 @@ class VoiceAgent(Agent):
         """The caller went on: the utterance, still open in the transcriber, goes on too
         (what the speculation carried from an earlier turn goes back to wait)."""
         if self._spec is not None:
-            self._carry = self._spec.abort()[:-1]
+            self._carry = [*self._spec.abort()[:-1], *self._carry]
             self._spec = None
 
     def _end_turn(self, reason: str, now: float) -> None:
@@ -379,6 +562,7 @@ class VoiceAgent(Agent):
         self._sensitive_heard = False
         self.turns.append(timing)
         self._turn = timing
+        assert self.engine is not None  # start() made it
         self._busy = True
         self._speech_ticks = 0
         self._eot.reset()
@@ -388,6 +572,7 @@ class VoiceAgent(Agent):
         else:
             timing.speculative = True
             self._stt.forget()  # its snapshot has the whole utterance
+        self._undo = _Undo(timing, self.engine, spec)
         self._spawn(self._answer(spec, timing, self._gen))
 
     async def _answer(self, spec: Speculation, timing: TurnTiming, gen: int) -> None:
@@ -398,8 +583,9 @@ class VoiceAgent(Agent):
                 await asyncio.wait({spec.task, heard}, return_when=asyncio.FIRST_COMPLETED)
                 heard.cancel()
             timing.asr_done, timing.text = spec.asr_done, spec.text
-            if gen != self._gen:  # the caller went on talking before we answered: it was
-                self._carry = spec.abort()  # a pause; these words open the next turn
+            if gen != self._gen:  # the caller went on talking before we answered: it was a
+                if not spec.aborted:  # pause; these words open the next turn (unless the
+                    self._carry = spec.abort()  # merge that stopped us carried them)
                 self._sensitive_heard = self._sensitive_heard or timing.sensitive  # and so
                 return
             if not spec.heard.is_set() or not spec.text:
@@ -427,6 +613,7 @@ class VoiceAgent(Agent):
     ) -> None:
         """Say and do a reply's parts in order; ``first``: its first piece, already spoken
         by the TTS (a speculation's)."""
+        self._commit_hold()  # a key, a command: the held reply is not going on
         self._busy = True
         self._cancel = threading.Event()
         gen = self._gen
@@ -456,6 +643,8 @@ class VoiceAgent(Agent):
                             timing.heard.append(heard)
                 if timing is not None:
                     self._report(timing)
+                    if self._undo is not None and self._undo.timing is timing:
+                        self._undo = None  # answered in full: a turn of its own
                 self._busy = False
                 self._speech_ticks = self._run  # our own echo is not the caller's turn
 
@@ -482,10 +671,14 @@ class VoiceAgent(Agent):
             audio = pcm  # 8 kHz already: resampled in the executor
             if timing is not None and not timing.first_write:
                 timing.first_write = time.monotonic()
+                undo = self._undo
+                if undo is not None and undo.timing is timing and undo.reply_tick is None:
+                    undo.reply_tick = self._tick + self.playout.queued // FRAME
             self.playout.write(audio)
             if self._drained is not None:
                 self._drained.clear()
-            self._out.write(audio)
+            if self._held is None:  # held: it waits here, to go on or to be dropped
+                self._out.write(audio)
 
         if first is not None:
             deliver(first[0], None)
@@ -521,15 +714,69 @@ class VoiceAgent(Agent):
         timing.reported = True
         self._out.emit(
             TurnCompleted(
-                timing.caller_text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in
+                timing.caller_text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in,
+                input="keypad" if timing.keys else "speech", keys=timing.caller_keys,
             )
-        )
+        )  # fmt: skip
+
+    # -- keys, fillers, ringback, dead air -------------------------------------------------
+
+    def _key(self, digit: str, now: float) -> None:
+        """A key that makes a turn (a menu key, the end of an entry) stops the reply, like
+        speech; a digit typed into an entry and a key the engine ignores do not. (Asked of a
+        fork first, so that what was heard of the reply is recorded before the key.)"""
+        assert self.engine is not None
+        if self._busy and self.engine.fork().press(digit, now) is not None:
+            self._drop_speculation()
+            self._barge_in()
+        turn = self.engine.press(digit, now)
+        if turn is not None:
+            self._key_turn(turn, now)
+
+    def _key_turn(self, turn: KeyTurn, now: float) -> None:
+        """A keypad turn (a menu key, a finished entry): answered like a spoken one (a
+        sensitive entry's keys reach the engine only: the turn reports them masked)."""
+        self._drop_speculation()
+        if self._busy:
+            self._barge_in()
+        timing = TurnTiming(speech_end=now, turn_end=now, reason=f"keypad {turn.ended_by}",
+                            sensitive=turn.sensitive)  # fmt: skip
+        timing.text, timing.keys = f"(keypad {turn.keys})", turn.keys
+        self.turns.append(timing)
+        self._turn = timing
+        self._busy = True
+        self._spawn(self._play_parts(_aiter(turn.parts), timing))
+
+    def _flow_tick(self, now: float) -> None:
+        """Once per tick: dead air, a filler or ringback to play, a keypad entry's timeout."""
+        if self.paused or self.guard.fault is not None or self._out is None:
+            return
+        audio, gap = self.flow.tick(
+            now, played=self.playout.last_played > 0, replying=self._busy,
+            queued=self.playout.playing, caller=self._user_speaking,
+        )  # fmt: skip
+        self._dead_air(gap)
+        if audio is not None:
+            if not audio.background:  # a filler: heard like the reply (and cut with it)
+                self.playout.write_aside(audio.pcm, audio.text)
+                if self._drained is not None:
+                    self._drained.clear()
+            self._out.write(audio.pcm)
+        if self.engine is not None and (turn := self.engine.keypad_timeout(now)) is not None:
+            self._dead_air(self.flow.caller_acted(now))  # the entry ended now, not at its last key
+            self._key_turn(turn, now)
+
+    def _dead_air(self, gap: float | None) -> None:
+        if gap is not None and self._out is not None:
+            self._out.emit(DeadAir(round(1000 * gap, 1)))
 
     def _act(self, part: ReplyPart) -> None:
         out = self._out
+        self._undo = None  # a transfer, a hang-up, keys sent: that turn cannot be taken back
         if out is None:
             return
         if isinstance(part, Transfer):
+            self.flow.transfer_started()  # ringback from the next tick, until the outcome
             out.emit(TransferRequest(part.target))
         elif isinstance(part, Hangup):
             out.hangup(part.reason or "agent said goodbye")

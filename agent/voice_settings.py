@@ -16,8 +16,9 @@ class VoiceSettings:
 
     barge_in: bool = True  # set from the agent profile's [barge_in]
     barge_in_ms: int = 200  # caller speech over our reply for this long cuts the reply
-    echo_margin_db: float = 6.0  # the caller must be louder than our own voice minus this
-    # (G.168: a line hybrid returns our voice at least 6 dB down)
+    echo_canceller: bool = True  # take our line echo out, decide barge-in on what is left
+    echo_margin_db: float = 6.0  # the caller must beat the echo left (of what an echo
+    # could be, without the canceller: our voice 6 dB down, G.168's minimum return loss)
     turn_threshold: float = 0.5  # smart-turn probability that ends a turn at a pause
     pause_ms: int = 200  # silence after speech before smart-turn is asked
     max_silence_ms: int = 900  # silence after speech that ends a turn whatever the model says

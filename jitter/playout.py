@@ -116,11 +116,29 @@ class PlayoutBuffer:
             self.underrun_frames += 1
         return out
 
-    def flush(self) -> float:
-        """Drop everything queued (barge-in); returns the milliseconds dropped."""
-        n = self._queued
+    def flush(self, fade: NDArray[np.float64] | None = None) -> float:
+        """Drop everything queued (barge-in); returns the milliseconds dropped. ``fade``:
+        the first ``fade.size`` queued samples stay, multiplied by it (a fade-out the
+        caller hears instead of a cut), and play as usual; the rest is dropped."""
+        keep = np.zeros(0, dtype=np.int16)
+        if fade is not None and self._queued:
+            n = min(int(fade.size), self._queued)
+            head = np.zeros(n, dtype=np.float64)
+            filled = 0
+            for c in self._chunks:
+                start = self._head if filled == 0 else 0
+                take = min(n - filled, c.size - start)
+                head[filled : filled + take] = c[start : start + take]
+                filled += take
+                if filled >= n:
+                    break
+            keep = np.rint(head * fade[:n]).astype(np.int16)
+        n_dropped = self._queued - keep.size
         self._chunks.clear()
         self._head = 0
         self._queued = 0
-        self.flushed_samples += n
-        return 1000.0 * n / self.rate
+        self.flushed_samples += n_dropped
+        if keep.size:
+            self._chunks.append(keep)
+            self._queued = keep.size
+        return 1000.0 * n_dropped / self.rate

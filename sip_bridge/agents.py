@@ -61,7 +61,11 @@ def make_agent(config: BridgeConfig) -> Agent:
         hours = profile.hours
         if hours is not None and not hours.is_open(datetime.now(UTC)):
             profile = _profile(hours.after_hours_profile)  # loaded at start: cached
-        return VoiceAgent(models, profile, a.voice, model_timeout_s=a.model_timeout_s)
+        hold = profile.transfer.hold_audio or config.transfer.hold_audio
+        return VoiceAgent(
+            models, profile, a.voice, model_timeout_s=a.model_timeout_s,
+            hold_audio=_hold_audio(hold) if hold else None,
+        )  # fmt: skip
     if a.name == "speech_model":
         from agent.speech_to_speech import SpeechToSpeechAgent
 
@@ -111,6 +115,17 @@ def fallback_prompt(a: AgentConfig, sample_rate: int) -> NDArray[np.int16]:
     return pcm
 
 
+def _hold_audio(path: str) -> NDArray[np.int16]:
+    """A transfer's hold audio at the voice agent's 8 kHz, decoded once per file."""
+    key = (path, -8000)  # beside the fallback prompts, in their cache
+    with _lock:
+        pcm = _prompts.get(key)
+        if pcm is None:
+            pcm = _prompts[key] = load_wav(path, 8000)
+            pcm.flags.writeable = False
+    return pcm
+
+
 class Leg(Protocol):
     """What :func:`take_over` needs of a call's leg: a SIP call's media, or a browser
     session (:class:`~sip_bridge.webrtc_leg.BrowserSession`)."""
@@ -153,7 +168,10 @@ def load_agent_models(config: BridgeConfig) -> None:
     for rate in (8000, 16000, 24000):  # the fallback prompt: decoded before a call needs it
         fallback_prompt(config.agent, rate)
     if config.agent.name == "voice":
-        prepare_agents(config)
+        _, profile = prepare_agents(config)  # and its transfer hold audio, decoded now
+        for hold in (profile.transfer.hold_audio, config.transfer.hold_audio):
+            if hold:
+                _hold_audio(hold)
     elif config.agent.name == "speech_model":
         _speech_model(config)
 

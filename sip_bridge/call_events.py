@@ -12,7 +12,9 @@ seconds. The events and the fields their builders below produce:
 
 - ``started``: ``caller``, ``callee``, ``direction``, ``trunk``
 - ``answered``: ``codec``
-- ``turn``: ``caller_text``, ``agent_text``, ``timings_ms`` (stage -> milliseconds)
+- ``turn``: ``caller_text``, ``agent_text``, ``timings_ms`` (stage -> milliseconds),
+  ``barged_in``, ``input`` (``speech`` or ``keypad``) and ``keys`` (what a keypad turn keyed;
+  a sensitive slot's entry as one ``*`` per key, its ``caller_text`` ``[redacted N digits]``)
 - ``dtmf``: ``digit``, ``method``, ``masked`` (the key is shown as ``*``: it was part of a
   sensitive slot's input or of a card number)
 - ``operator``: ``action`` (hangup, transfer, say, pause, resume), ``by`` (the operator
@@ -21,7 +23,8 @@ seconds. The events and the fields their builders below produce:
 - ``transfer``: ``target``, ``outcome``
 - ``model_fault``: ``stage``, ``reason``, ``action`` (a model raised or hung mid-call)
 - ``ended`` (the call's record): ``started_at``, ``answered_at``, ``ended_at``,
-  ``duration_s``, ``outcome``, ``reason``, ``codec``, ``stats`` (packet, jitter, loss)
+  ``duration_s``, ``outcome``, ``reason``, ``codec``, ``stats`` (packet, jitter, loss;
+  ``dead_air_max_ms`` and ``dead_air_total_ms``: the caller's waits in silence)
 - ``error``: ``source``, ``message`` and whatever detail helps
 
 Commands arrive on ``sipbridge/<node>/cmd/<call_id>``: ``{"cmd": "hangup"}``,
@@ -171,11 +174,19 @@ def answered(
 
 
 def turn(
-    caller_text: str, agent_text: str, timings_ms: Mapping[str, float], barged_in: bool = False
+    caller_text: str,
+    agent_text: str,
+    timings_ms: Mapping[str, float],
+    barged_in: bool = False,
+    *,
+    input: str = "speech",
+    keys: str = "",
 ) -> dict[str, object]:
-    """One exchange: what the caller said, what the agent played, each stage's time."""
+    """One exchange: what the caller said (or keyed: ``input`` "keypad", ``keys``), what
+    the agent played, each stage's time."""
     return {"caller_text": caller_text, "agent_text": agent_text,
-            "timings_ms": dict(timings_ms), "barged_in": barged_in}  # fmt: skip
+            "timings_ms": dict(timings_ms), "barged_in": barged_in, "input": input,
+            "keys": keys}  # fmt: skip
 
 
 def dtmf(digit: str, method: str = "rfc4733", masked: bool = False) -> dict[str, object]:

@@ -9,7 +9,9 @@ autocommitted writes, metrics are counters, events are spooled by their link).
 It is also the one place where what must not be kept is taken out before any sink sees it
 (``[records] redact_card_numbers``, :mod:`agent.redaction`): card numbers in turns and
 operator texts, and keys that make one, which are held back (:class:`KeypadRun`) until it
-is known whether they do. Keys of a sensitive slot arrive masked already.
+is known whether they do; keypad turns wait for their keys (:class:`KeypadTurns`: a card
+keyed one menu key at a time is as many turns). Keys and keypad turns of a sensitive slot
+arrive masked already.
 """
 
 from __future__ import annotations
@@ -17,15 +19,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from agent.base import TurnCompleted
-from agent.redaction import HeldKey, KeypadRun, redact_card_numbers
+from agent.base import DeadAir, TurnCompleted
+from agent.redaction import (
+    HeldKey,
+    KeypadRun,
+    KeypadTurns,
+    mask_card_keys,
+    redact_card_numbers,
+    redacted,
+)
 from sip_bridge import call_events as ce
 from sip_bridge.config_types import parse_hostport
 from sip_bridge.records import media_summary
@@ -39,7 +49,7 @@ if TYPE_CHECKING:
     from sip_bridge.mqtt_link import MqttLink
     from sip_bridge.records import CallRecords
 
-__all__ = ["CallFacts", "CallTelemetry", "EventSink", "hostport"]
+__all__ = ["CallFacts", "CallTelemetry", "DeadAirTally", "EventSink", "hostport"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +84,20 @@ class CallFacts:
 
 
 @dataclass
+class DeadAirTally:
+    """One call's dead air so far (agent.dead_air): its gaps, the longest, the total."""
+
+    gaps: int = 0
+    longest_ms: float = 0.0
+    total_ms: float = 0.0
+
+    def add(self, ms: float) -> None:
+        self.gaps += 1
+        self.longest_ms = max(self.longest_ms, ms)
+        self.total_ms = round(self.total_ms + ms, 1)
+
+
+@dataclass
 class CallTelemetry:
     node: str
     records: CallRecords | None = None
@@ -88,6 +112,9 @@ class CallTelemetry:
     redact: bool = True  # [records] redact_card_numbers
     _keys: dict[str, KeypadRun] = field(default_factory=dict)  # held back, per call
     _key_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    _key_turns: dict[str, KeypadTurns[TurnCompleted]] = field(default_factory=dict)
+    # each call in progress whose agent measures it: dead air so far (console, records)
+    dead_air: dict[str, DeadAirTally] = field(default_factory=dict)
 
     async def open(
         self,
@@ -171,25 +198,46 @@ class CallTelemetry:
         ))  # fmt: skip
 
     def turn(self, call_id: str, t: TurnCompleted) -> bool:
-        """One turn of the call; True when its caller text held a card number (masked)."""
-        self._flush_keys(call_id)
-        found = 0
+        """One turn of the call; True when its caller text held a card number (masked).
+        A keypad turn may wait for its keys' verdict (they may be part of a card number)."""
+        if not self.redact:
+            self._turn_out(call_id, t)
+            return False
+        # a card number said, or keyed into one entry (a sensitive slot's: the agent masked)
+        found = redact_card_numbers(t.caller_text)[1] + mask_card_keys(t.keys)[1]
+        if t.input != "keypad":
+            self._flush_keys(call_id)  # its keys go first
+            self._turn_out(call_id, t)
+            return bool(found)
+        ledger = self._key_turns.setdefault(call_id, KeypadTurns())
+        for turn, mask in ledger.add(t.keys, t):
+            self._turn_out(call_id, turn, mask)
+        return bool(found)
+
+    def _turn_out(self, call_id: str, t: TurnCompleted, card: list[bool] | None = None) -> None:
+        """A turn to every sink; ``card``: which of its digits a card number keyed across
+        turns holds (see KeypadTurns)."""
         if self.redact:
-            caller, found = redact_card_numbers(t.caller_text)
-            agent, _ = redact_card_numbers(t.agent_text)
-            t = TurnCompleted(caller, agent, t.stages_ms, t.barged_in)
+            t = _masked_turn(t, card or [])
         recent = self.recent_turns.get(call_id)
         if recent is None:
             recent = self.recent_turns[call_id] = deque(maxlen=RECENT_TURNS)
         recent.append(t)
+        keyed = {"input": t.input, "keys": t.keys} if t.input == "keypad" else {}
+        timings = {**t.stages_ms, "barged_in": t.barged_in, **keyed}
         if self.records is not None:
             self.records.turn(call_id, caller_text=t.caller_text, agent_text=t.agent_text,
-                              timings={**t.stages_ms, "barged_in": t.barged_in})  # fmt: skip
+                              timings=timings)  # fmt: skip
         if self.metrics is not None:
             self.metrics.turn(t.stages_ms)
         self._event(call_id, "turn", ce.turn(t.caller_text, t.agent_text, t.stages_ms,
-                                             t.barged_in))  # fmt: skip
-        return bool(found)
+                                             t.barged_in, input=t.input, keys=t.keys))  # fmt: skip
+
+    def dead_air_gap(self, call_id: str, gap: DeadAir) -> None:
+        """The caller waited ``gap.gap_ms`` in silence (one gap): the call's tally, metrics."""
+        self.dead_air.setdefault(call_id, DeadAirTally()).add(gap.gap_ms)
+        if self.metrics is not None:
+            self.metrics.dead_air_gap(gap.gap_ms / 1000)
 
     def model_fault(self, call_id: str, stage: str, reason: str, action: str) -> None:
         """A model of the call's agent raised or hung: the timeline, the fault counter and
@@ -226,7 +274,10 @@ class CallTelemetry:
              sensitive: bool = False) -> None:  # fmt: skip
         """A key the caller pressed. ``sensitive``: part of a sensitive slot's input, kept
         as ``*``. Other digits wait until it is known whether they make a card number."""
-        key = HeldKey(digit, time.time(), method)
+        seq = -1
+        if not sensitive and self.redact and "0" <= digit <= "9" and len(digit) == 1:
+            seq = self._key_turns.setdefault(call_id, KeypadTurns()).pressed(digit)
+        key = HeldKey(digit, time.time(), method, seq)
         if sensitive or not self.redact:
             self._flush_keys(call_id)
             self._timeline(call_id, "dtmf", ce.dtmf(digit, method, sensitive), at=key.at)
@@ -255,21 +306,34 @@ class CallTelemetry:
             self._keys_out(call_id, run.flush())
 
     def _keys_out(self, call_id: str, keys: list[tuple[HeldKey, bool]]) -> None:
+        ledger = self._key_turns.get(call_id)
         for key, masked in keys:
             self._timeline(call_id, "dtmf", ce.dtmf(key.digit, key.method, masked), at=key.at)
+            if ledger is not None:  # the keypad turns waiting for this key
+                for turn, mask in ledger.released(key.seq, masked):
+                    self._turn_out(call_id, turn, mask)
 
     def ended(
         self, c: CallFacts, outcome: str, reason: str, media: MediaStats | None = None
     ) -> None:
         self._flush_keys(c.call_id)
         self._keys.pop(c.call_id, None)
+        ledger = self._key_turns.pop(c.call_id, None)
+        for turn, mask in ledger.drain() if ledger is not None else ():
+            self._turn_out(c.call_id, turn, mask)
         self.recent_turns.pop(c.call_id, None)
+        tally = self.dead_air.pop(c.call_id, None)
         now = time.time()
         duration = now - c.answered if c.answered is not None else 0.0
+        dead = None if tally is None else (tally.longest_ms, tally.total_ms)
         if self.records is not None:
             self.records.call_ended(c.call_id, outcome=outcome, end_reason=reason, media=media,
-                                    at=now)  # fmt: skip
-        stats = media_summary(media) if media is not None else {}
+                                    dead_air=dead, at=now)  # fmt: skip
+        stats: dict[str, float | int] = media_summary(media) if media is not None else {}
+        if dead is not None:
+            stats |= {"dead_air_max_ms": dead[0], "dead_air_total_ms": dead[1]}
+            if self.metrics is not None:
+                self.metrics.call_dead_air(dead[0] / 1000)
         if self.metrics is not None:
             late = media.pacer_late_frames + media.pacer_skipped_frames if media else 0
             self.metrics.set_active(self.active())
@@ -304,3 +368,18 @@ class CallTelemetry:
             set_inference_observer(None)
         if self.mqtt is not None:  # the last events (ended) go out if the broker is there
             await self.mqtt.stop(drain_timeout=2.0)
+
+
+def _masked_turn(t: TurnCompleted, keyed: list[bool]) -> TurnCompleted:
+    """``t`` as it may be kept: card numbers out of its texts and keys; ``keyed``: which of
+    its digits belong to a card number keyed across turns."""
+    keys = t.keys
+    if any(keyed):
+        it = iter(keyed)
+        keys = "".join("*" if "0" <= ch <= "9" and next(it, True) else ch for ch in t.keys)
+        shown = re.sub(r"\*+", lambda m: redacted(len(m.group())), keys)
+        t = replace(t, caller_text=f"(keypad {shown})")
+    caller, _ = redact_card_numbers(t.caller_text)
+    agent, _ = redact_card_numbers(t.agent_text)
+    keys, _ = mask_card_keys(keys)
+    return replace(t, caller_text=caller, agent_text=agent, keys=keys)

@@ -21,6 +21,7 @@ from sip_bridge.config_sections import (
     build_model_fault,
     build_speech_model,
     build_tls,
+    build_transfer,
     build_voice,
 )
 from sip_bridge.config_types import (
@@ -47,6 +48,7 @@ from sip_bridge.config_types import (
     SpeechModelConfig,
     TimersConfig,
     TlsConfig,
+    TransferConfig,
     _check_hostport,
     _check_port_range,
     _choice,
@@ -79,6 +81,7 @@ __all__ = [
     "SpeechModelConfig",
     "TimersConfig",
     "TlsConfig",
+    "TransferConfig",
     "load_config",
     "parse_config_text",
     "parse_hostport",
@@ -129,6 +132,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "agent.voice": {
         "profile": (str,),
         "echo_margin_db": (int, float),
+        "echo_canceller": (bool,),
         "turn_threshold": (int, float),
         "pause_ms": (int,),
         "max_silence_ms": (int,),
@@ -191,6 +195,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "token_ttl_s": (int, float),
     },
     "log": {"format": (str,), "level": (str,)},
+    "transfer": {"timeout_s": (int, float), "hold_audio": (str,)},
     "trunks": {},  # an array of tables: checked by sip_bridge.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.routes
 }
@@ -395,6 +400,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
             line = entry_key_line(text, "routes", i, "agent")
             raise ConfigError(p, line, f"routes[{i + 1}].agent", "needs [agent.playback] file")
     http = build_http(data.get("http", {}), text, p)
+    transfer = build_transfer(data.get("transfer", {}), text, p)
     models = ModelSettings(**data.get("models", {}))
     _choice(models.device, DEVICES, text, p, "models.device")
     for key in ("threads", "workers"):
@@ -419,6 +425,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         metrics=metrics,
         mqtt=mqtt,
         http=http,
+        transfer=transfer,
         inbound=inbound,
         control=control,
         path=p,

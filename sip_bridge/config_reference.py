@@ -62,7 +62,9 @@ MEANINGS: dict[str, str] = {
     "agent.on_model_fault": '`"hangup"` (BYE after the prompt) or `"transfer"` (REFER)',
     "agent.fault_transfer_to": 'where `"transfer"` sends the caller: a `sip:` URI or a number',
     "agent.voice.profile": "the dialogue (config/agents/README.md), relative to the file",
-    "agent.voice.echo_margin_db": "barge-in: the caller must be this much above our echo",
+    "agent.voice.echo_canceller": "take our line echo out and decide barge-in on what is "
+    "left (false: the old loudness rule)",
+    "agent.voice.echo_margin_db": "barge-in: the caller must be this much above the echo left",
     "agent.voice.turn_threshold": "smart-turn probability that ends a turn at a pause",
     "agent.voice.pause_ms": "silence after speech before smart-turn is asked",
     "agent.voice.max_silence_ms": "silence that ends a turn whatever the model says",
@@ -130,6 +132,11 @@ MEANINGS: dict[str, str] = {
     " `call_id` on every line about a call)",
     "log.level": '`"debug"`, `"info"`, `"warning"` or `"error"`; `sip-bridge run -v`: at least'
     " info",
+    "transfer.timeout_s": "a transfer (REFER) with no final report this long after it is sent"
+    " has failed: the agent takes the caller back (`transfer_failed`), 1..300 s",
+    "transfer.hold_audio": "what the caller hears while the target rings: a 16-bit WAV"
+    " (8-48 kHz, looped), relative to the file; empty: ringback (440+480 Hz, 2 s on, 4 s off);"
+    " a profile's `[transfer] hold_audio` comes first",
     "trunks.name": "required, unique: logs, status, records, routes",
     "trunks.registrar": "`host[:port]` or URI to register at; empty: no registration",
     "trunks.username": "user part of our address-of-record (often the DID)",
@@ -172,7 +179,7 @@ _CLASS: dict[str, type] = {
     "models": ModelSettings, "inbound": c.InboundConfig, "control": c.ControlConfig,
     "node": c.NodeConfig, "records": c.RecordsConfig, "metrics": c.MetricsConfig,
     "mqtt": c.MqttConfig, "http": c.HttpConfig, "log": c.LogConfig, "trunks": TrunkConfig,
-    "routes": RouteConfig,
+    "routes": RouteConfig, "transfer": c.TransferConfig,
     "agent.echo": c.AgentConfig, "agent.tone": c.AgentConfig, "agent.playback": c.AgentConfig,
 }  # fmt: skip
 

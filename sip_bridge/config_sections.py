@@ -24,6 +24,7 @@ from sip_bridge.config_types import (
     HttpToken,
     SpeechModelConfig,
     TlsConfig,
+    TransferConfig,
     _check_hostport,
     _choice,
     _line_of,
@@ -31,7 +32,14 @@ from sip_bridge.config_types import (
     is_file,
 )
 
-__all__ = ["build_http", "build_model_fault", "build_speech_model", "build_tls", "build_voice"]
+__all__ = [
+    "build_http",
+    "build_model_fault",
+    "build_speech_model",
+    "build_tls",
+    "build_transfer",
+    "build_voice",
+]
 
 
 def build_http(section: dict[str, Any], text: str, p: str) -> HttpConfig:
@@ -134,8 +142,32 @@ def build_model_fault(a: AgentConfig, text: str, p: str) -> AgentConfig:
                    fault_transfer_to=target)  # fmt: skip
 
 
+def build_transfer(section: dict[str, Any], text: str, p: str) -> TransferConfig:
+    """[transfer]: the wait for a transfer's outcome, and what the caller hears meanwhile
+    (a WAV checked now: 16-bit PCM, mono or stereo, any rate the player resamples)."""
+    t = TransferConfig(**section)
+    if not 1 <= t.timeout_s <= 300:
+        line = _line_of(text, "transfer", "timeout_s")
+        raise ConfigError(p, line, "transfer.timeout_s", "must be 1..300 s")
+    hold = t.hold_audio
+    if hold:
+        f = Path(hold)
+        f = f if f.is_absolute() else Path(p).resolve().parent / f  # relative to the file
+        problem = _wav_problem(f, rates=None, mono=False)
+        if problem:
+            line = _line_of(text, "transfer", "hold_audio")
+            raise ConfigError(p, line, "transfer.hold_audio", problem)
+        hold = str(f)
+    return replace(t, timeout_s=float(t.timeout_s), hold_audio=hold)
+
+
 def _prompt_problem(f: Path) -> str:
     """What is wrong with a fallback prompt file ("" when nothing)."""
+    return _wav_problem(f, rates=(8000, 16000, 24000), mono=True)
+
+
+def _wav_problem(f: Path, *, rates: tuple[int, ...] | None, mono: bool) -> str:
+    """What is wrong with a WAV the bridge plays ("" when nothing)."""
     if not is_file(f):
         return f"no such file: {f}"
     try:
@@ -144,9 +176,12 @@ def _prompt_problem(f: Path) -> str:
     except (wave.Error, EOFError, OSError) as exc:
         return f"{f}: not a WAV file ({exc})"
     channels, width, rate, frames = shape
-    if channels != 1 or width != 2 or rate not in (8000, 16000, 24000) or frames == 0:
+    bad_rate = rate not in rates if rates else not 8000 <= rate <= 48000
+    if channels not in ((1,) if mono else (1, 2)) or width != 2 or bad_rate or frames == 0:
         got = f"{channels} channel(s), {8 * width}-bit, {rate} Hz, {frames} samples"
-        return f"{f}: need mono 16-bit PCM at 8, 16 or 24 kHz with audio, got {got}"
+        need = "mono" if mono else "mono or stereo"
+        at = "8, 16 or 24 kHz" if rates else "8-48 kHz"
+        return f"{f}: need {need} 16-bit PCM at {at} with audio, got {got}"
     return ""
 
 

@@ -45,6 +45,7 @@ __all__ = [
     "SpeechModelConfig",
     "TimersConfig",
     "TlsConfig",
+    "TransferConfig",
     "exposure_problem",
     "is_file",
     "loopback_host",
@@ -169,6 +170,16 @@ class AgentConfig:
     fallback_prompt: str = str(FALLBACK_PROMPT)
     on_model_fault: str = "hangup"  # or "transfer", to fault_transfer_to
     fault_transfer_to: str = ""
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """[transfer]: blind transfers (REFER) the agents ask for."""
+
+    # no final report (NOTIFY) this long after the REFER: the transfer failed, the agent
+    # takes the caller back (the REFER's own Timer F, 32 s, would be later)
+    timeout_s: float = 20.0
+    hold_audio: str = ""  # a WAV looped while the target rings; "": ringback tone
 
 
 @dataclass(frozen=True)
@@ -341,6 +352,7 @@ class BridgeConfig:
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    transfer: TransferConfig = field(default_factory=TransferConfig)
     path: str = "<defaults>"
 
     def for_route(self, route: RouteConfig | None) -> BridgeConfig:

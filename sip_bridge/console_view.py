@@ -75,9 +75,19 @@ def _turns(turns: Iterable[TurnCompleted]) -> list[dict[str, Any]]:
             "caller": t.caller_text[:cut],
             "agent": t.agent_text[:cut],
             "total_ms": turn_total_ms(t.stages_ms),
+            "input": t.input,
+            "keys": t.keys,
         }
         for t in turns
     ]
+
+
+def _dead_air(bridge: BridgeServer, call_id: str) -> dict[str, Any] | None:
+    """The call's dead air so far (longest and total wait in silence, ms), if measured."""
+    tally = bridge.telemetry.dead_air.get(call_id)
+    if tally is None:
+        return None
+    return {"longest_ms": tally.longest_ms, "total_ms": tally.total_ms, "gaps": tally.gaps}
 
 
 def live_calls(
@@ -97,7 +107,7 @@ def live_calls(
             "state": c["state"], "duration_s": c["duration_s"],
             "jitter_ms": c.get("jitter_ms"), "loss_pct": c.get("loss_pct"),
             "turn_latency_ms": turns[-1]["total_ms"] if turns else None,
-            "last_turns": turns,
+            "dead_air": _dead_air(bridge, c["call_id"]), "last_turns": turns,
         })  # fmt: skip
     for s in sessions:
         if s.closed_reason is not None:
@@ -109,6 +119,6 @@ def live_calls(
             "agent": s.agent.name, "profile": s.profile, "state": s.state,
             "duration_s": round(s.duration_s(now), 1), "jitter_ms": None, "loss_pct": None,
             "turn_latency_ms": turns[-1]["total_ms"] if turns else None,
-            "last_turns": turns,
+            "dead_air": _dead_air(bridge, s.call.call_id), "last_turns": turns,
         })  # fmt: skip
     return out

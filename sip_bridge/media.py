@@ -298,9 +298,11 @@ class CallMedia:
         for d in digits:
             self.dtmf_digits += 1
             event = DtmfEvent(d.digit, d.duration_ms)
-            self._event_to_agent(event)
+            # the record first: it reads the agent's state the key was typed in (a key that
+            # ends a sensitive slot's entry is masked; the agent leaves the slot on it)
             if self.on_caller_dtmf is not None:
                 self.on_caller_dtmf(event)
+            self._event_to_agent(event)
 
     def _event_to_agent(self, event: AgentEvent) -> None:
         token = CALL_ID.set(self.call.call_id)  # the clock serves every call: say which
@@ -339,8 +341,13 @@ class CallMedia:
             self.recorder.caller(frame)
         return frame
 
-    def _flush(self) -> float:
-        """Barge-in: drop queued agent audio and digits; returns the ms dropped."""
+    def _flush(self, fade: NDArray[np.float64] | None = None) -> float:
+        """Barge-in: drop queued agent audio and digits; returns the ms dropped. ``fade``:
+        the next ``fade.size`` samples (8 kHz) play faded by it first (the agent's
+        :meth:`~agent.base.AgentOutput.fade_out`); what they need of the audio not yet
+        resampled is moved into the playout buffer before the rest is dropped."""
+        if fade is not None:
+            self._drain_upto(int(fade.size))
         pending_ms = 1000.0 * self._pending_samples / self.agent.sample_rate
         self._pending.clear()
         self._pending_samples = 0
@@ -349,7 +356,20 @@ class CallMedia:
         if self.dtmf_out is not None:
             self.dtmf_out.clear()
         self._spurt_t = None
-        return self.playout.flush() + pending_ms
+        return self.playout.flush(fade) + pending_ms
+
+    def _drain_upto(self, samples: int) -> None:
+        """Move pending agent audio into the playout buffer until it holds ``samples``
+        (only what a fade needs: resampling seconds of a reply to drop them is waste)."""
+        down, step = self._down, self._agent_step
+        while self._pending and self.playout.queued_samples < samples:
+            a = self._pending.pop(0)
+            self._pending_samples -= a.size
+            if down is None:
+                self.playout.write(a)
+                continue
+            for i in range(0, a.size, step):
+                self.playout.write(down.process(a[i : i + step]))
 
     def _rx_deliver(self, pcm: NDArray[np.int16]) -> None:
         # what the agent logs, and the tasks it starts (a reply), are this call's

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.base import AgentEvent, AgentOutput, HangupEvent
+from agent.base import FADE_MS, AgentEvent, AgentOutput, HangupEvent, fade_out_gain
 from sip_bridge.rtp import RtpSender
 from sip_bridge.rtp_ports import RtpPortLease, RtpPortPool
 
@@ -54,6 +54,10 @@ class MediaOutput(AgentOutput):
 
     def flush(self) -> float:
         return self._media._flush()
+
+    def fade_out(self, ms: float = FADE_MS) -> float:
+        rate = self._media.playout.rate
+        return self._media._flush(fade_out_gain(round(rate * ms / 1000)))
 
     def send_dtmf(self, digits: str) -> None:
         self._media.send_dtmf(digits)

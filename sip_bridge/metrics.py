@@ -31,6 +31,8 @@ section, no server)::
     #                          stats.packets_out, stats.jb_delay_ms, stats.loss_pct)
     # agent turn result:   metrics.turn({"end_of_turn": 362.0, "asr_tail": 45.0, ...})
     #                      (keys with or without "_ms"; "total" given or summed)
+    # agent's DeadAir:     metrics.dead_air_gap(gap_s)
+    # CallEnded, measured: metrics.call_dead_air(longest_s)
     # each model run:      metrics.model_inference("silero_vad", "CPUExecutionProvider", s)
     # SIGTERM:             http.set_draining(True) before hanging up the calls
     await http.stop()
@@ -44,7 +46,9 @@ Exposed (all prefixed ``sipbridge_``): ``calls_offered_total{trunk}``,
 ``jitter_buffer_delay_seconds``, ``call_loss_ratio``, ``turn_latency_seconds{stage}``,
 ``model_inference_seconds{model,provider}``, ``media_path_info{mode}``,
 ``model_faults_total{stage}`` (a model that raised or hung mid-call: the call got the
-fallback prompt).
+fallback prompt), ``dead_air_gap_seconds`` (each silence a caller waited through for the
+agent, agent.dead_air), ``dead_air_seconds_total`` (their sum) and
+``call_dead_air_longest_seconds`` (each ended call's longest).
 """
 
 from __future__ import annotations
@@ -89,6 +93,7 @@ INFERENCE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.
 DURATION_BUCKETS = (1.0, 5.0, 15.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 JB_DELAY_BUCKETS = (0.005, 0.01, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.12, 0.16, 0.2, 0.3)
 LOSS_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+DEAD_AIR_BUCKETS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0, 10.0, 30.0)
 
 MAX_REQUEST = 8192  # bytes of request head (request line + headers)
 READ_TIMEOUT_S = 5.0  # the whole head must arrive within this
@@ -212,6 +217,24 @@ class BridgeMetrics:
             ["stage"],
             registry=r,
         )
+        self.dead_air = Histogram(
+            "sipbridge_dead_air_gap_seconds",
+            "Each silence a caller waited through for the agent (its answer, its work, a "
+            "transfer): from their last input or our last audio to our next audio.",
+            buckets=DEAD_AIR_BUCKETS,
+            registry=r,
+        )
+        self.dead_air_total = Counter(
+            "sipbridge_dead_air_seconds",
+            "Dead air of all calls, summed (seconds).",
+            registry=r,
+        )
+        self.dead_air_longest = Histogram(
+            "sipbridge_call_dead_air_longest_seconds",
+            "The longest dead-air gap of each ended call that measured it.",
+            buckets=DEAD_AIR_BUCKETS,
+            registry=r,
+        )
         self.mode = Info(
             "sipbridge_media_path",
             "How the media path runs: compiled (mypyc) or python.",
@@ -290,6 +313,19 @@ class BridgeMetrics:
             self.turns.labels(self._stage(name, none=OTHER)).observe(v / 1000.0)
         if total is not None or seen:
             self.turns.labels("total").observe((summed if total is None else total) / 1000.0)
+
+    def dead_air_gap(self, seconds: float) -> None:
+        """A caller waited this long in silence for the agent (one gap)."""
+        v = _figure(seconds)
+        if v is not None:
+            self.dead_air.observe(v)
+            self.dead_air_total.inc(v)
+
+    def call_dead_air(self, longest_s: float) -> None:
+        """A call ended: its longest dead-air gap."""
+        v = _figure(longest_s)
+        if v is not None:
+            self.dead_air_longest.observe(v)
 
     def model_inference(self, model: str, provider: str, seconds: float) -> None:
         """One model run (a batch counts once) on an execution provider."""

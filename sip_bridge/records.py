@@ -48,9 +48,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# Columns added since are nullable and added to an older store when a bridge opens it
+# (an older bridge reads its own columns by name and ignores them): no new version.
 SCHEMA_VERSION = 1
 OUTCOMES = ("answered", "rejected", "cancelled", "failed", "interrupted")
 # "interrupted": in progress when the bridge died (kill -9, a crash); set at its next start
+# the caller's longest wait in silence and all of them (agent.dead_air); NULL: not measured
+DEAD_AIR_FIELDS = ("dead_air_max_ms", "dead_air_total_ms")
 STAT_FIELDS = ("packets_in", "packets_out", "jitter_ms", "loss_pct", "jb_delay_ms", "late_frames")
 CALL_FIELDS = (
     "call_id",
@@ -69,6 +73,7 @@ CALL_FIELDS = (
     "remote",
     *STAT_FIELDS,
     "setup_ms",
+    *DEAD_AIR_FIELDS,
 )
 MAX_CALL_ID = 256  # longer ids are refused: nothing real sends them, and they bloat the table
 _BUSY_TIMEOUT_S = 0.1  # a locked database costs a write at most this long on the event loop
@@ -81,7 +86,8 @@ CREATE TABLE IF NOT EXISTS calls (
     started_at REAL NOT NULL, answered_at REAL, ended_at REAL, duration_s REAL,
     outcome TEXT, end_reason TEXT, codec TEXT, remote TEXT,
     packets_in INTEGER, packets_out INTEGER, jitter_ms REAL, loss_pct REAL,
-    jb_delay_ms REAL, late_frames INTEGER, setup_ms REAL
+    jb_delay_ms REAL, late_frames INTEGER, setup_ms REAL,
+    dead_air_max_ms REAL, dead_air_total_ms REAL
 );
 CREATE INDEX IF NOT EXISTS calls_started ON calls (started_at);
 CREATE TABLE IF NOT EXISTS turns (
@@ -101,8 +107,9 @@ Rows = list[Row]  # an alias: inside CallRecords, ``list`` names the method
 CallIds = list[str]
 
 _ENDED_SQL = f"""INSERT INTO calls (call_id, started_at, ended_at, duration_s, outcome,
-        end_reason, remote, {", ".join(STAT_FIELDS)})
-    VALUES (?, ?, ?, 0, coalesce(?, 'failed'), ?, ?, {", ".join("?" * len(STAT_FIELDS))})
+        end_reason, remote, {", ".join(STAT_FIELDS)}, {", ".join(DEAD_AIR_FIELDS)})
+    VALUES (?, ?, ?, 0, coalesce(?, 'failed'), ?, ?, {", ".join("?" * len(STAT_FIELDS))},
+        ?, ?)
     ON CONFLICT (call_id) DO UPDATE SET
         ended_at = excluded.ended_at,
         duration_s = CASE WHEN answered_at IS NULL THEN 0
@@ -110,7 +117,7 @@ _ENDED_SQL = f"""INSERT INTO calls (call_id, started_at, ended_at, duration_s, o
         outcome = coalesce(?, CASE WHEN answered_at IS NULL THEN 'failed' ELSE 'answered' END),
         end_reason = excluded.end_reason,
         remote = coalesce(excluded.remote, remote),
-        {", ".join(f"{k} = coalesce(excluded.{k}, {k})" for k in STAT_FIELDS)}"""
+        {", ".join(f"{k} = coalesce(excluded.{k}, {k})" for k in STAT_FIELDS + DEAD_AIR_FIELDS)}"""
 
 
 class RecordsError(Exception):
@@ -257,6 +264,11 @@ class CallRecords:
                 f"{self.path} has call-record schema {version}; this sip-bridge knows "
                 f"{SCHEMA_VERSION} (upgrade sip-bridge)"
             )
+        if create:  # a store an older bridge made: add the columns it lacks
+            _add_columns(db)
+        cols = {r[1] for r in db.execute("PRAGMA table_info(calls)")}
+        # read-only on an older store: the columns it lacks read as NULL
+        self._fields = ", ".join(f if f in cols else f"NULL AS {f}" for f in CALL_FIELDS)
 
     @property
     def schema_version(self) -> int:
@@ -414,12 +426,14 @@ class CallRecords:
         end_reason: str | None = None,
         media: MediaStats | None = None,
         stats: Mapping[str, float | int | None] | None = None,
+        dead_air: tuple[float, float] | None = None,
         at: float | None = None,
     ) -> bool:
         """The call is over: outcome, reason, duration and the media's quality figures.
 
         ``media`` (a :class:`MediaStats`) or ``stats`` (columns of :data:`STAT_FIELDS`)
-        give the quality figures; ``outcome`` defaults to answered/failed.
+        give the quality figures; ``outcome`` defaults to answered/failed; ``dead_air``:
+        (longest, total) silence the caller waited in, ms (None: not measured).
         """
         now = self.clock() if at is None else at
         if outcome is not None and outcome not in OUTCOMES:
@@ -438,7 +452,10 @@ class CallRecords:
         if media is not None and isinstance(getattr(media, "remote", None), tuple):
             remote = f"{media.remote[0]}:{media.remote[1]}"  # where the media really came from
         values = tuple(figures[k] for k in STAT_FIELDS)
-        params = (call_id, now, now, outcome, end_reason, remote, *values, outcome)
+        longest, total = (None, None) if dead_air is None else map(_finite, dead_air)
+        params = (
+            call_id, now, now, outcome, end_reason, remote, *values, longest, total, outcome
+        )  # fmt: skip
         return self._write("call_ended", call_id, _ENDED_SQL, params)
 
     # -- reads -------------------------------------------------------------------------------
@@ -464,7 +481,7 @@ class CallRecords:
             params.append(outcome)
         clause = f"WHERE {' AND '.join(where)}" if where else ""
         sql = (
-            f"SELECT {', '.join(CALL_FIELDS)} FROM calls {clause} "
+            f"SELECT {self._fields} FROM calls {clause} "
             "ORDER BY started_at DESC, rowid DESC LIMIT ?"
         )
         return self._rows(sql, (*params, max(0, int(limit))))
@@ -492,9 +509,7 @@ class CallRecords:
         """One call: its row, stats, turns and a merged timeline; None when unknown."""
         if not valid_call_id(call_id):
             return None
-        calls = self._rows(
-            f"SELECT {', '.join(CALL_FIELDS)} FROM calls WHERE call_id = ?", (call_id,)
-        )
+        calls = self._rows(f"SELECT {self._fields} FROM calls WHERE call_id = ?", (call_id,))
         if not calls:
             return None
         call = calls[0]
@@ -526,7 +541,7 @@ class CallRecords:
         ]
         order = {"started": 0, "answered": 1}
         timeline.sort(key=lambda x: (x["at"], order.get(x["kind"], 2), x["kind"] == "ended"))
-        stats = {k: call[k] for k in (*STAT_FIELDS, "setup_ms", "duration_s")}
+        stats = {k: call[k] for k in (*STAT_FIELDS, "setup_ms", "duration_s", *DEAD_AIR_FIELDS)}
         return {
             "call": call,
             "stats": stats,
@@ -534,6 +549,23 @@ class CallRecords:
             "events": events,
             "timeline": timeline,
         }
+
+
+def _add_columns(db: sqlite3.Connection) -> None:
+    """The dead-air columns, on a store made before them (once, even with two bridges
+    opening it at the same time)."""
+    if set(DEAD_AIR_FIELDS) <= {r[1] for r in db.execute("PRAGMA table_info(calls)")}:
+        return
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        have = {r[1] for r in db.execute("PRAGMA table_info(calls)")}
+        for name in DEAD_AIR_FIELDS:
+            if name not in have:
+                db.execute(f"ALTER TABLE calls ADD COLUMN {name} REAL")
+        db.execute("COMMIT")
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
 
 
 def _milestone(call: Mapping[str, Any], kind: str) -> dict[str, Any]:

@@ -144,13 +144,15 @@ def _list(store: CallRecords, args: argparse.Namespace) -> str:
         return json.dumps(rows, indent=2)
     if not rows:
         return "no calls recorded" + (f" with outcome {args.outcome}" if args.outcome else "")
-    head = ("started", "call id", "outcome", "duration", "caller", "callee", "trunk", "reason")
+    head = ("started", "call id", "outcome", "duration", "dead air", "caller", "callee",
+            "trunk", "reason")  # fmt: skip
     table = [
         (
             _when(r["started_at"]),
             _cut(r["call_id"], 32),
             r["outcome"] or "in progress",
             _secs(r["duration_s"]),
+            _secs(None if r["dead_air_max_ms"] is None else r["dead_air_max_ms"] / 1000),
             _cut(r["caller"], 32),
             _cut(r["callee"], 32),
             r["trunk"] or "-",

@@ -20,6 +20,7 @@ from agent.base import (
     Agent,
     AgentEvent,
     CallInfo,
+    DeadAir,
     DtmfEvent,
     HangupEvent,
     ModelFault,
@@ -179,6 +180,7 @@ class BridgeServer:
             now,
             tls_port=tls[1] if tls else None,
             admit=self.policy,
+            transfer_timeout_s=self.config.transfer.timeout_s,
         )
         self.ua.silenced = self.policy.silenced
         self._schedule()
@@ -291,6 +293,7 @@ class BridgeServer:
             self.policy = self.ua.admit = policy
             self.ua.silenced = policy.silenced
             self.ua.config = merged.sip
+            self.ua.transfer_timeout_s = merged.transfer.timeout_s  # for the next REFER
         return kept
 
     @property
@@ -418,9 +421,11 @@ class BridgeServer:
         elif isinstance(ev, DtmfInfo):
             call = self.calls.get(ev.call_id)
             if call is not None and call.media is not None:
-                sensitive = call.media.agent.sensitive  # before the key can change it
-                call.media.agent.on_event(DtmfEvent(ev.digit))
+                # recorded first, as RFC 4733 keys are (CallMedia): in the agent's state the
+                # key was typed in (the last key of a sensitive slot's entry leaves the slot)
+                sensitive = call.media.agent.sensitive
                 self.telemetry.dtmf(ev.call_id, ev.digit, "info", sensitive)
+                call.media.agent.on_event(DtmfEvent(ev.digit))
         elif isinstance(ev, MediaUpdated):
             self._media_updated(ev.call_id, ev.media)
         elif isinstance(ev, TransferProgress):
@@ -523,7 +528,8 @@ class BridgeServer:
             except OSError as exc:  # a full disk or no permission: the call goes on
                 log.warning("call %s: not recorded: %s", call_id, exc)
         # the digit's record and event are masked when it belongs to a sensitive slot (the
-        # agent hears the key after this: its state is still the one the key was typed in)
+        # agent hears the key after this, see CallMedia._deliver_digits: its state is still
+        # the one the key was typed in)
         media.on_caller_dtmf = lambda e: self.telemetry.dtmf(call_id, e.digit, "rfc4733",
                                                              agent.sensitive)  # fmt: skip
         if call.facts is not None:
@@ -562,6 +568,8 @@ class BridgeServer:
         if isinstance(event, TurnCompleted):
             card = self.telemetry.turn(call_id, event)
             self._mark_turn(call_id, card)
+        elif isinstance(event, DeadAir):
+            self.telemetry.dead_air_gap(call_id, event)
         elif isinstance(event, HangupEvent):
             self._hangup(call_id, event.reason or "agent hung up")
         elif isinstance(event, ModelFault):

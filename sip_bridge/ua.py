@@ -155,7 +155,7 @@ class BridgeUA(SessionMixin, TransferMixin):
         min_se: int = DEFAULT_MIN_SE,
         tls_port: int | None = None,
         admit: AdmitPolicy | None = None,
-        transfer_timeout_s: float = 32.0,
+        transfer_timeout_s: float = 20.0,
         transfer_bye_s: float = 4.0,
     ) -> None:
         MediaConfig(media_address, 9)  # raises for 0.0.0.0/:: : never advertise a wildcard

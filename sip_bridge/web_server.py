@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from aiohttp import web
 
-from agent.base import AgentEvent, ModelFault, SayText, TurnCompleted
+from agent.base import AgentEvent, DeadAir, ModelFault, SayText, TurnCompleted
 from sip_bridge.agents import take_over
 from sip_bridge.call_events import Command, Hangup, Say, Transfer
 from sip_bridge.call_telemetry import CallFacts
@@ -287,6 +287,8 @@ class WebServer:
         telemetry = self.bridge.telemetry
         if isinstance(event, TurnCompleted):
             telemetry.turn(session.call.call_id, event)
+        elif isinstance(event, DeadAir):
+            telemetry.dead_air_gap(session.call.call_id, event)
         elif isinstance(event, ModelFault) and not session.faulted:
             session.faulted = True  # as for a SIP call: the fallback prompt, then hang up
             log.error("browser session %s: model fault in %s (%s): fallback prompt", session.id,

@@ -37,6 +37,7 @@ from aiortc.mediastreams import MediaStreamError
 from numpy.typing import NDArray
 
 from agent.base import (
+    FADE_MS,
     Agent,
     AgentEvent,
     AgentOutput,
@@ -45,6 +46,7 @@ from agent.base import (
     TransferRequest,
     TransferResult,
     TurnCompleted,
+    fade_out_gain,
 )
 from resample import Resampler
 from sip_bridge.console_view import turn_total_ms
@@ -219,6 +221,13 @@ class BrowserOutput(AgentOutput):
         if self._to_48k is not None:
             self._to_48k.reset()
         return dropped_ms
+
+    def fade_out(self, ms: float = FADE_MS) -> float:
+        n = min(self._queue.size, round(RATE * ms / 1000))
+        head = self._queue.take(n).astype(np.float64) * fade_out_gain(n)
+        dropped = self.flush()
+        self._queue.push(np.rint(head).astype(np.int16))
+        return dropped
 
     def hangup(self, reason: str = "") -> None:
         self.emit(HangupEvent(reason))

@@ -52,6 +52,7 @@ CARD = "4111111111111111"
 # slot all of it is redacted anyway
 SPOKEN_CARD = "My card number is four one one one, " + "one one one one, " * 2 + "one one one one."
 NODE = "card-test"
+REDACTED = re.compile(r"\[redacted \d+ digits?\]")
 # eight digits of the card in order, whatever stands between them (spaces, commas, quotes)
 WRITTEN = re.compile(r"4\W{0,3}(?:1\W{0,3}){7}|(?:1\W{0,3}){7}1")
 SPOKEN = re.compile(r"four\W+one\W+one\W+one|(?:\bone\W+){7}one\b", re.IGNORECASE)
@@ -142,7 +143,7 @@ class Phone:
         start = loop.time()
         self.caller.press(keys)
         for _ in range(1000):
-            if not self.caller.speaking:
+            if not self.caller.pressing:
                 return await self.answer(start)
             assert not self.caller.ended.is_set(), f"the call ended: {self._turns()}"
             await asyncio.sleep(0.02)
@@ -192,7 +193,7 @@ async def _call(config: BridgeConfig, broker: Mosquitto) -> Outcome:
                     out.events.append(json.loads(bytes(msg.payload)))
 
             collecting = asyncio.ensure_future(collect())
-            caller = WireCaller(server.uri, keys=True)
+            caller = WireCaller(server.uri, dtmf=True)
             try:
                 await caller.connect(("127.0.0.1", server.port))
                 phone = Phone(caller, config, agents)
@@ -275,6 +276,13 @@ def test_a_card_number_keyed_and_said_is_nowhere_afterwards(tmp_path: Path) -> N
     assert leaks(dumped) == [], dumped
     keys = "".join(e["data"]["digit"] for e in shown["events"] if e["kind"] == "dtmf")
     assert keys.count("*") >= 32 and "1111" not in keys and "4" not in keys, keys
+    # keypad turns (each menu key of the card at the menu is one; the sensitive entry one):
+    # none holds a digit of the card, in its text or its keys
+    keyed = [(t["caller_text"], t["timings"]["keys"]) for t in shown["turns"]
+             if t["timings"].get("input") == "keypad"]  # fmt: skip
+    assert len(keyed) >= 17 and ("[redacted 16 digits]", "*" * 16) in keyed, keyed
+    assert all(set(k) == {"*"} and not re.search(r"\d", REDACTED.sub("", text))
+               for text, k in keyed), keyed  # fmt: skip
     raw = b"".join(p.read_bytes() for p in tmp_path.glob("calls.sqlite*"))
     assert leaks(raw.decode("latin-1")) == []
 
@@ -287,6 +295,8 @@ def test_a_card_number_keyed_and_said_is_nowhere_afterwards(tmp_path: Path) -> N
     # the MQTT events as a subscriber got them, and nothing left in the spool
     assert out.events and out.events[-1]["event"] == "ended"
     assert leaks(json.dumps(out.events)) == []
+    mqtt_turns = [e for e in out.events if e["event"] == "turn" and e["input"] == "keypad"]
+    assert len(mqtt_turns) >= 17 and all(set(e["keys"]) == {"*"} for e in mqtt_turns)
     mqtt_keys = [e for e in out.events if e["event"] == "dtmf"]
     assert len(mqtt_keys) >= 32 and all(e["digit"] == "*" for e in mqtt_keys), mqtt_keys
     assert all(e["masked"] for e in mqtt_keys if e["digit"] == "*")

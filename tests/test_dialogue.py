@@ -34,10 +34,7 @@ def _turn(engine: DialogueEngine, text: str) -> list[ReplyPart]:
 
 
 def _keys(engine: DialogueEngine, keys: str) -> list[ReplyPart]:
-    async def go() -> list[ReplyPart]:
-        return [p for k in keys async for p in engine.on_dtmf(k)]
-
-    return asyncio.run(go())
+    return [p for k in keys if (t := engine.press(k)) is not None for p in t.parts]
 
 
 def _said(parts: list[ReplyPart]) -> str:
@@ -202,6 +199,147 @@ def test_dtmf_menu_and_keypad_slot_with_hash() -> None:
     assert _said(_keys(_new(), "7")).startswith("Sorry, I didn't catch that")
 
 
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_hash_after_an_entry_complete_at_its_length_is_the_terminator_not_a_turn() -> None:
+    """The prompt says "type it, then press hash": 54321# must give one answer, and the '#'
+    (typed after the slot filled at its 5th digit) must not be a turn of its own."""
+    clock = Clock()
+    e = _new(clock=clock)
+    e.press("2")
+    turns = [e.press(k) for k in "54321"]
+    assert turns[:4] == [None] * 4  # typed into the entry
+    last = turns[4]
+    assert last is not None and last.keys == "54321" and last.ended_by == "length"
+    assert _said(last.parts) == "Order 5 4 3 2 1 is being packed and ships tomorrow."
+    clock.now += 0.4
+    assert e.press("#") is None  # the terminator: ignored, the answer goes on
+    assert e.transcript.count(("caller", "(keypad 54321)")) == 1
+    # a later '#' at the menu is ignored too; a menu key still works
+    assert e.press("#") is None
+    again = e.press("1")
+    assert again is not None and _said(again.parts).startswith("We're open")
+
+
+def test_terminator_before_the_next_slots_question_is_not_its_answer() -> None:
+    """cancel_order asks for the order number, then yes/no: the '#' after 11111 must not
+    land on the yes/no question as a wrong answer."""
+    e = _new(clock=Clock())
+    _turn(e, "I want to cancel an order")
+    done = [e.press(k) for k in "11111#"]
+    ask = done[4]
+    assert ask is not None and _said(ask.parts).startswith("Should I cancel order 1 1 1 1 1?")
+    assert done[5] is None
+    yes = e.press("1")
+    assert yes is not None and _said(yes.parts).startswith("Done.")
+
+
+def test_a_hash_long_after_the_entry_is_no_longer_its_terminator() -> None:
+    clock = Clock()
+    e = _new(clock=clock)
+    _turn(e, "cancel my order")
+    for k in "11111":
+        e.press(k)
+    clock.now += 5.0  # past the slot's digit_timeout_s: this '#' answers the yes/no
+    late = e.press("#")
+    assert late is not None and _said(late.parts).startswith("Please say yes or no")
+
+
+def test_keys_the_menu_ignores_make_no_turn() -> None:
+    e = _new(clock=Clock())
+    for key in "#*ABCD":
+        assert e.press(key) is None, key
+    assert e.turns == 0 and e.transcript == []
+    miss = e.press("7")  # a digit no intent has: the caller chose something, say so
+    assert miss is not None and _said(miss.parts).startswith("Sorry, I didn't catch that")
+
+
+VARIABLE = """
+[agent]
+greeting = "Hi."
+[slots.account]
+type = "digits"
+min_length = 4
+max_length = 8
+digit_timeout_s = 2.5
+prompt = "Your account number, then hash."
+retry = "I need four to eight digits."
+[intents.account]
+dtmf = "3"
+slots = ["account"]
+reply = "Account {account:spell}."
+"""
+
+
+def _variable(tmp_path: Path, clock: Clock) -> DialogueEngine:
+    path = tmp_path / "variable.toml"
+    path.write_text(VARIABLE)
+    return DialogueEngine(load_profile(path), clock=clock)
+
+
+def test_variable_length_entry_ends_on_hash(tmp_path: Path) -> None:
+    clock = Clock()
+    e = _variable(tmp_path, clock)
+    e.press("3")
+    assert [e.press(k) for k in "123456"] == [None] * 6
+    done = e.press("#")
+    assert done is not None and done.keys == "123456" and done.ended_by == "#"
+    assert _said(done.parts) == "Account 1 2 3 4 5 6."
+
+
+def test_variable_length_entry_ends_after_the_inter_digit_timeout(tmp_path: Path) -> None:
+    clock = Clock()
+    e = _variable(tmp_path, clock)
+    e.press("3")
+    for k in "98765":
+        clock.now += 0.5
+        assert e.press(k) is None
+    assert e.keypad_deadline() == pytest.approx(clock.now + 2.5)
+    clock.now += 2.4
+    assert e.keypad_timeout() is None  # not yet
+    clock.now += 0.2
+    done = e.keypad_timeout()
+    assert done is not None and done.keys == "98765" and done.ended_by == "timeout"
+    assert _said(done.parts) == "Account 9 8 7 6 5."
+    assert e.keypad_deadline() is None and e.keypad_timeout() is None
+
+
+def test_a_short_entry_that_times_out_gets_the_retry(tmp_path: Path) -> None:
+    clock = Clock()
+    e = _variable(tmp_path, clock)
+    e.press("3")
+    e.press("1")
+    e.press("2")
+    clock.now += 3.0
+    done = e.keypad_timeout()
+    assert (
+        done is not None
+        and done.keys == "12"
+        and _said(done.parts) == ("I need four to eight digits.")
+    )
+    assert e.press("*") is None and e.keypad_deadline() is None  # nothing typed: no deadline
+
+
+def test_star_clears_the_entry_and_its_deadline(tmp_path: Path) -> None:
+    clock = Clock()
+    e = _variable(tmp_path, clock)
+    e.press("3")
+    e.press("1")
+    assert e.keypad_deadline() is not None
+    assert e.press("*") is None
+    assert e.keypad_deadline() is None
+    for k in "4444":
+        e.press(k)
+    done = e.press("#")
+    assert done is not None and done.keys == "4444"
+
+
 def test_yes_no_from_keypad() -> None:
     e = _new()
     _turn(e, "cancel order 11111")
@@ -358,6 +496,32 @@ def test_a_keyed_card_number_reaches_the_engine_and_its_transcript_keeps_no_digi
     assert not e.collecting_sensitive
     said = " ".join(text for who, text in e.transcript if who == "caller")
     assert "[redacted 16 digits]" in said and "1111" not in said, e.transcript
+
+
+def test_a_keyed_sensitive_entry_is_a_key_turn_marked_sensitive() -> None:
+    """The turn carries the real digits for the agent (its record masks them), marked."""
+    e = _new()
+    menu = e.press("3")
+    assert menu is not None and not menu.sensitive and e.collecting_sensitive
+    turns = [e.press(k) for k in CARD]
+    assert turns[:-1] == [None] * 15  # digits into the entry: no turn, nothing stops
+    entry = turns[-1]
+    assert entry is not None and entry.sensitive and entry.keys == CARD
+    assert entry.ended_by == "length" and "Visa card is approved" in _said(entry.parts)
+    assert e.press("#") is None  # the caller's terminator after a full entry: ignored
+
+
+def test_a_key_into_a_sensitive_entry_when_time_is_up_is_still_marked_sensitive() -> None:
+    """The call's time runs out while the caller keys the card: the key makes the closing
+    turn, and that turn's key must be masked like the rest of the entry."""
+    now = [100.0]
+    e = _new(clock=lambda: now[0])
+    assert e.press("3") is not None and e.collecting_sensitive
+    assert [e.press(k) for k in CARD[:4]] == [None] * 4
+    now[0] += 301.0  # past the demo's max_call_s
+    closing = e.press(CARD[4])
+    assert closing is not None and closing.sensitive and e.ended
+    assert "out of time" in _said(closing.parts)
 
 
 def test_a_spoken_card_number_reaches_the_engine_and_an_unknown_one_is_asked_again() -> None:

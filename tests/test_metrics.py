@@ -221,6 +221,25 @@ def test_bucket_ranges_fit_what_they_measure() -> None:
     run(serving(m, body))
 
 
+def test_dead_air_gaps_their_sum_and_each_calls_longest() -> None:
+    m = BridgeMetrics()
+    for gap in (0.42, 0.61, 1.3, 0.05):
+        m.dead_air_gap(gap)
+    m.dead_air_gap(float("nan"))  # dropped
+    m.call_dead_air(1.3)
+    m.call_dead_air(0.2)
+
+    async def body(server: MetricsServer) -> None:
+        s = await scrape(server.port)
+        gaps = buckets(s, "sipbridge_dead_air_gap_seconds")
+        assert gaps[0.1] == 1 and gaps[0.5] == 2 and gaps[1.0] == 3 and gaps[1.5] == 4
+        assert value(s, "sipbridge_dead_air_seconds_total") == pytest.approx(2.38)
+        longest = buckets(s, "sipbridge_call_dead_air_longest_seconds")
+        assert longest[0.25] == 1 and longest[1.5] == 2 and longest[math.inf] == 2
+
+    run(serving(m, body))
+
+
 def test_media_path_change_replaces_the_mode() -> None:
     m = BridgeMetrics()
     m.media_path("compiled")

@@ -113,6 +113,8 @@ def test_event_topic_and_payload() -> None:
         "agent_text": "nine to five",
         "timings_ms": {"asr": 41.5, "tts": None},
         "barged_in": False,
+        "input": "speech",
+        "keys": "",
     }
     line = ce.encode_event(ce.build_event("n1", "c", "error", 1, 0.0, ce.error("x", "a\nb")))
     assert b"\n" not in line

@@ -134,3 +134,28 @@ def test_rejects_bad_input() -> None:
         PlayoutBuffer(8000, frame_ms=20, max_ms=5)
     pb.write(np.zeros(0, dtype=np.int16))
     assert pb.queued_samples == 0
+
+
+def test_flush_with_a_fade_plays_the_next_samples_faded_then_nothing() -> None:
+    """Barge-in without a click: the next 800 samples (100 ms) play, ramped down by the
+    gain given; the rest of the reply is dropped and counted as dropped."""
+    pb = PlayoutBuffer(8000)
+    pb.write(np.full(1000, 1000, dtype=np.int16))
+    pb.write(np.full(2000, -2000, dtype=np.int16))
+    pb.pop()  # 160 played
+    gain = np.linspace(1.0, 0.0, 800, endpoint=False)
+    assert pb.flush(gain) == pytest.approx(1000 * (3000 - 160 - 800) / 8000)
+    assert pb.queued_samples == 800
+    out = np.concatenate([pb.pop() for _ in range(5)])
+    want = np.concatenate([np.full(840, 1000.0), np.full(2000, -2000.0)])[:800] * gain
+    assert np.array_equal(out, np.rint(want).astype(np.int16))
+    assert not pb.pop().any() and pb.queued_samples == 0
+    assert pb.flushed_samples == 3000 - 160 - 800
+
+
+def test_flush_with_a_fade_longer_than_the_queue_fades_what_there_is() -> None:
+    pb = PlayoutBuffer(8000)
+    pb.write(np.full(100, 4000, dtype=np.int16))
+    assert pb.flush(np.full(800, 0.5)) == 0.0
+    f = pb.pop()
+    assert (f[:100] == 2000).all() and not f[100:].any()

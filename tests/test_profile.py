@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import wave
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from agent.profile import ProfileError, load_profile, parse_template
@@ -61,6 +63,18 @@ def test_minimal_profile_gets_defaults(tmp_path: Path) -> None:
     assert prof.llm is None and prof.limits.max_turns == 0
     assert prof.greeting.render({"caller": "Ann"}) == "Hello Ann."
     assert prof.intents[0].then.reply.render(prof.variables) == "We're open 9 to 5."
+
+
+def test_backchannels_default_listed_or_off(tmp_path: Path) -> None:
+    default = load_profile(_write(tmp_path, MINIMAL)).barge_in.backchannels
+    assert ("uh", "huh") in default and ("okay",) in default and ("yes",) not in default
+    own = MINIMAL + '[barge_in]\nbackchannels = ["Uh-huh", "you bet"]\n'
+    assert load_profile(_write(tmp_path, own)).barge_in.backchannels == (
+        ("uh", "huh"),
+        ("you", "bet"),
+    )
+    off = MINIMAL + "[barge_in]\nbackchannels = []\n"
+    assert load_profile(_write(tmp_path, off)).barge_in.backchannels == ()
 
 
 def test_llm_section_is_read(tmp_path: Path) -> None:
@@ -139,6 +153,15 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             "unknown placeholder {nothing}",
         ),
         ('[slots.s]\ntype = "text"\nprompt = "?"\n', 11, "slots.s.type", "not one of digits"),
+        ('[barge_in]\nbackchannels = "okay"\n', 11, "barge_in.backchannels", "expected list"),
+        ("[barge_in]\nbackchannels = [1]\n", 11, "barge_in.backchannels", "list of strings"),
+        ('[barge_in]\nbackchannels = ["..."]\n', 11, "barge_in.backchannels", "has no words"),
+        (
+            '[barge_in]\nbackchannels = ["yes I see that now"]\n',
+            11,
+            "barge_in.backchannels",
+            "1-3 words",
+        ),
         ('[slots.s]\ntype = "digits"\n', 10, "slots.s.prompt", "is required"),
         ('[fallback]\nreplies = ["Sorry {who}?"]\n', 11, "fallback.replies", "{who}"),
         (
@@ -177,6 +200,21 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             "slots.again.prompt",
             "slot 'pin' is sensitive",
         ),
+        (
+            '[slots.s]\ntype = "digits"\nprompt = "?"\ndigit_timeout_s = 0.5\n',
+            13,
+            "slots.s.digit_timeout_s",
+            "must be 1..30",
+        ),
+        (
+            '[slots.s]\ntype = "yes_no"\nprompt = "?"\ndigit_timeout_s = 3\n',
+            13,
+            "slots.s.digit_timeout_s",
+            "only a digits slot",
+        ),
+        ('[transfer]\nhold_music = "x.wav"\n', 11, "transfer.hold_music", "unknown key"),
+        ('[transfer]\nhold_audio = "nope.wav"\n', 11, "transfer.hold_audio", "no such file"),
+        ('[transfer]\nhold_audio = "agent.toml"\n', 11, "transfer.hold_audio", "not a playable"),
     ],
 )
 def test_mistakes_name_file_line_and_key(
@@ -189,6 +227,49 @@ def test_mistakes_name_file_line_and_key(
     assert (e.path, e.line, e.key) == (str(p), line, key), str(e)
     assert words in str(e)
     assert str(e).startswith(f"{p}:{line}: {key}: ")
+
+
+@pytest.mark.parametrize(
+    ("agent_line", "key", "words"),
+    [
+        ("filler_after_ms = 2000", "agent.filler_after_ms", "must be 200..1300"),
+        ('filler_after_ms = "1s"', "agent.filler_after_ms", "expected int"),
+        ("filler_tone_hz = 50", "agent.filler_tone_hz", "100..3400"),
+        ('filler = "' + "One moment please " * 6 + '"', "agent.filler", "at most 80"),
+        ("filler = 3", "agent.filler", "expected str"),
+    ],
+)
+def test_filler_mistakes_name_the_line(
+    tmp_path: Path, agent_line: str, key: str, words: str
+) -> None:
+    p = _write(tmp_path, MINIMAL.replace("[agent]\n", f"[agent]\n{agent_line}\n"))
+    with pytest.raises(ProfileError) as err:
+        load_profile(p)
+    assert (err.value.line, err.value.key) == (2, key), str(err.value)
+    assert words in str(err.value)
+
+
+def test_filler_digit_timeout_and_hold_audio_are_read(tmp_path: Path) -> None:
+    wav = tmp_path / "hold.wav"
+    with wave.open(str(wav), "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(np.zeros(1600, "<i2").tobytes())
+    text = MINIMAL.replace(
+        "[agent]\n", '[agent]\nfiller = "Just a   second."\nfiller_tone_hz = 0\n'
+    ) + (
+        '[slots.pin]\ntype = "digits"\nprompt = "PIN?"\nmin_length = 4\nmax_length = 6\n'
+        'digit_timeout_s = 4.5\n[transfer]\nhold_audio = "hold.wav"\n'
+    )
+    prof = load_profile(_write(tmp_path, text))
+    assert prof.filler.text == "Just a second." and prof.filler.tone_hz == 0
+    assert prof.filler.after_ms == 1000 and prof.filler.enabled
+    assert prof.slots["pin"].digit_timeout_s == 4.5
+    assert prof.transfer.hold_audio == str(wav)
+    plain = load_profile(_write(tmp_path, MINIMAL))  # the defaults
+    assert plain.filler.text == "One moment." and plain.filler.tone_hz == 440
+    assert plain.transfer.hold_audio == ""
 
 
 def test_lookup_mistakes(tmp_path: Path) -> None:

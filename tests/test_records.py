@@ -108,6 +108,7 @@ def test_schema_wal_and_version(db: Path) -> None:
         "call_id", "node", "trunk", "caller", "callee", "agent", "started_at", "answered_at",
         "ended_at", "duration_s", "outcome", "end_reason", "codec", "remote", "packets_in",
         "packets_out", "jitter_ms", "loss_pct", "jb_delay_ms", "late_frames", "setup_ms",
+        "dead_air_max_ms", "dead_air_total_ms",
     ]  # fmt: skip
     assert cols["turns"] == ["call_id", "idx", "at", "caller_text", "agent_text", "timings"]
     assert cols["events"] == ["call_id", "at", "kind", "data"]
@@ -115,6 +116,54 @@ def test_schema_wal_and_version(db: Path) -> None:
     assert raw.execute("PRAGMA journal_mode").fetchone() == ("wal",)  # persistent
     raw.close()
     CallRecords(db).close()  # reopening an existing store works and keeps the version
+
+
+V1_CALLS = """CREATE TABLE calls (
+    call_id TEXT PRIMARY KEY, node TEXT, trunk TEXT, caller TEXT, callee TEXT, agent TEXT,
+    started_at REAL NOT NULL, answered_at REAL, ended_at REAL, duration_s REAL,
+    outcome TEXT, end_reason TEXT, codec TEXT, remote TEXT,
+    packets_in INTEGER, packets_out INTEGER, jitter_ms REAL, loss_pct REAL,
+    jb_delay_ms REAL, late_frames INTEGER, setup_ms REAL)"""
+
+
+def _v1_store(db: Path) -> None:
+    """A store as a bridge before the dead-air columns left it, with one call."""
+    db.parent.mkdir(parents=True, exist_ok=True)
+    raw = sqlite3.connect(db)
+    raw.executescript(
+        "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);"
+        "INSERT INTO meta VALUES ('schema_version', '1');"
+        f"{V1_CALLS};"
+        "CREATE TABLE turns (call_id TEXT NOT NULL, idx INTEGER NOT NULL, at REAL NOT NULL,"
+        " caller_text TEXT, agent_text TEXT, timings TEXT, PRIMARY KEY (call_id, idx));"
+        "CREATE TABLE events (call_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL,"
+        " data TEXT);"
+        "INSERT INTO calls (call_id, started_at, outcome) VALUES ('old-call', 1.0, 'answered');"
+    )
+    raw.commit()
+    raw.close()
+
+
+def test_an_older_store_reads_as_it_is_and_gains_the_dead_air_columns(db: Path) -> None:
+    _v1_store(db)
+    ro = CallRecords(db, readonly=True)  # a reader never changes it: NULLs stand in
+    old = ro.show("old-call")
+    assert old is not None and old["stats"]["dead_air_max_ms"] is None
+    ro.close()
+    store = CallRecords(db)  # a bridge opening it adds them, keeping its calls...
+    assert store.schema_version == 1  # ...and its version: an older bridge still opens it
+    assert store.call_ended("new-call", outcome="answered", dead_air=(812.5, 1460.0))
+    new = store.show("new-call")
+    assert new is not None and new["stats"]["dead_air_max_ms"] == 812.5
+    assert new["stats"]["dead_air_total_ms"] == 1460.0
+    assert store.show("old-call") is not None
+    store.close()
+    CallRecords(db).close()  # again: nothing left to add
+    raw = sqlite3.connect(db)  # what an older bridge reads, by name, is all there
+    assert raw.execute(
+        "SELECT outcome, setup_ms FROM calls WHERE call_id = 'new-call'"
+    ).fetchone() == ("answered", None)
+    raw.close()
 
 
 def test_a_whole_call_round_trips(db: Path) -> None:
@@ -410,7 +459,8 @@ def test_cli_list_table_and_json(db: Path) -> None:
     assert rc == 0 and err == ""
     lines = out.splitlines()
     assert lines[0].split() == [
-        "started", "call", "id", "outcome", "duration", "caller", "callee", "trunk", "reason",
+        "started", "call", "id", "outcome", "duration", "dead", "air", "caller", "callee",
+        "trunk", "reason",
     ]  # fmt: skip
     assert "rejected-1" in lines[1] and "rejected" in lines[1] and "503 busy" in lines[1]
     assert "a84b4c76e66710@pc33.example.com" in lines[2]

@@ -10,9 +10,11 @@ import pytest
 from agent.redaction import (
     HeldKey,
     KeypadRun,
+    KeypadTurns,
     card_mask,
     count_digits,
     luhn_valid,
+    mask_card_keys,
     redact_card_numbers,
     sensitive_text,
 )
@@ -144,3 +146,66 @@ def test_keys_pressed_apart_are_not_one_number() -> None:
     first += [(k.digit, m) for k, m in run.due(100.0)]
     second = _press(run, VISA[8:], t0=200.0) + [(k.digit, m) for k, m in run.flush()]
     assert not any(m for _, m in first + second)
+
+
+# -- keypad turns (a menu key, an entry): their keys as the run judged them ---------------------
+
+
+def test_an_entry_holding_a_card_number_is_masked_where_the_card_is() -> None:
+    assert mask_card_keys("54321") == ("54321", 0)
+    assert mask_card_keys(VISA) == ("*" * 16, 16)
+    assert mask_card_keys("5" + VISA + "#") == ("5" + "*" * 16 + "#", 16)
+
+
+def test_a_card_keyed_one_menu_key_at_a_time_masks_every_turn_of_it() -> None:
+    """16 menu keys, 16 keypad turns, each reported when the next key barged in on its
+    reply: each turn waits for its key's verdict, and every one of them is masked."""
+    run, turns = KeypadRun(), KeypadTurns[str]()
+    out: list[tuple[str, list[bool]]] = []
+    for i, k in enumerate(VISA):
+        seq = turns.pressed(k)
+        released = run.push(HeldKey(k, 0.3 * i, seq=seq))
+        if i:  # this key barged in on the reply to the one before: that turn is reported
+            out += turns.add(VISA[i - 1], f"turn {i - 1}")
+        for key, masked in released:
+            out += turns.released(key.seq, masked)
+    assert out == [] and turns.waiting, "no verdict yet: a card number may be under way"
+    for key, masked in run.flush():  # the run ends (a pause, another event)
+        out += turns.released(key.seq, masked)
+    out += turns.add(VISA[-1], "turn 15")
+    assert [t for t, _ in out] == [f"turn {i}" for i in range(16)], "in order"
+    assert all(mask == [True] for _, mask in out)
+
+
+def test_a_keypad_turn_claims_its_own_keys_not_later_ones() -> None:
+    """'2' at the menu, then 54321 typed during the prompt: the menu key's turn is reported
+    after all six keys (the entry's last key stops the prompt), and claims the first '2'."""
+    turns = KeypadTurns[str]()
+    seqs = [turns.pressed(k) for k in "254321"]
+    assert turns.add("2", "menu") == []
+    assert turns.add("54321", "entry") == []
+    out = [x for s in seqs for x in turns.released(s, s == 4)]  # only the entry's '2' masked
+    assert out == [("menu", [False]), ("entry", [False, False, False, True, False])]
+
+
+def test_keys_no_turn_claims_are_passed_over_and_a_turn_without_digits_leaves_at_once() -> None:
+    turns = KeypadTurns[str]()
+    for k in "12":  # typed, then cleared with '*' (no turn)
+        turns.released(turns.pressed(k), False)
+    seqs = [turns.pressed(k) for k in "12345"]
+    assert turns.add("12345", "entry") == []
+    assert turns.add("*" * 16, "sensitive") == []  # behind the entry, in order
+    for s in seqs[:-1]:
+        assert turns.released(s, False) == []
+    assert turns.released(seqs[-1], False) == [
+        ("entry", [False] * 5),
+        ("sensitive", []),
+    ]
+    assert turns.add("*", "a bound '*' key") == [("a bound '*' key", [])]
+
+
+def test_turns_left_waiting_at_the_end_of_the_call_count_as_masked() -> None:
+    turns = KeypadTurns[str]()
+    turns.pressed("4")
+    turns.add("4", "menu")
+    assert turns.drain() == [("menu", [True])] and not turns.waiting

@@ -189,3 +189,47 @@ def test_cut_between_a_sentence_start_and_its_audio_does_not_claim_it_was_heard(
     p.advance(320)  # the first sentence has been heard
     p.begin_sentence("Here is the second sentence.")  # its audio is still being made
     assert p.cut() == "Thanks for calling."
+
+
+def test_a_filler_written_aside_plays_before_a_sentence_still_being_synthesised() -> None:
+    p = ReplyPlayout()
+    p.begin_sentence("Order 5 4 3 2 1 is being packed.")  # announced; its audio not here yet
+    p.write_aside(_const(800), "One moment.")
+    p.write(_const(1600))  # the sentence's audio comes after the filler
+    p.advance(800)
+    assert p.last_played == 800 and p.take_heard() == "One moment."
+    p.advance(800)
+    assert p.take_heard() == ""  # half of the sentence
+    p.advance(800)
+    assert p.take_heard() == "Order 5 4 3 2 1 is being packed."
+    assert p.advance(TICK) == 0.0 and p.last_played == 0
+
+
+def test_a_tone_aside_is_heard_but_says_nothing() -> None:
+    p = ReplyPlayout()
+    p.begin_sentence("Hello there.")
+    p.write(_const(320))
+    p.write_aside(_const(160))  # a pip after it: its own (wordless) sentence
+    p.advance(480)
+    assert p.take_heard() == "Hello there."
+    p.write_aside(_const(320), "One moment.")
+    p.advance(160)
+    assert p.cut() == "One ..."
+
+
+def test_cut_with_a_fade_keeps_the_faded_samples_playing() -> None:
+    """The bridge plays the fade, so the agent's model plays it too (it is the echo
+    canceller's reference): the next samples, multiplied by the same gain, then nothing."""
+    p = ReplyPlayout()
+    p.begin_sentence("one two three four")
+    audio = _noise(4000, 3)
+    p.write(audio[:1500])
+    p.write(audio[1500:])
+    p.play(1000)
+    gain = np.linspace(1.0, 0.0, 800, endpoint=False)
+    assert p.cut(gain) == "one ..."
+    assert p.playing and p.queued == 800
+    faded = np.concatenate([p.play(TICK) for _ in range(5)])
+    assert np.array_equal(faded, np.rint(audio[1000:1800] * gain).astype(np.int16))
+    assert not p.playing and not p.play(TICK).any()
+    assert p.take_heard() == ""  # the fade is no sentence: nothing more was "said"

@@ -113,3 +113,74 @@ def test_nothing_is_masked_when_redaction_is_off(tmp_path: Path) -> None:
         t.dtmf("c1", key)
     assert sink.keys() == CARD
     assert not t.turn("c1", TurnCompleted(CARD, "", {}))
+
+
+# -- keypad turns (issue 15) and the keys in them ----------------------------------------------
+
+
+def _keyed(keys: str, text: str | None = None) -> TurnCompleted:
+    """A keypad turn as the voice agent reports it."""
+    shown = f"(keypad {keys})" if text is None else text
+    return TurnCompleted(shown, "Sorry, I didn't catch that.", {"total": 120.0}, input="keypad",
+                         keys=keys)  # fmt: skip
+
+
+def _turns(sink: Sink) -> list[tuple[str, str]]:
+    return [(f["caller_text"], f["keys"]) for _, k, f in sink.events if k == "turn"]
+
+
+def test_a_card_keyed_one_menu_key_per_turn_leaves_no_turn_with_its_digits(
+    tmp_path: Path,
+) -> None:
+    """Every menu key is a turn, reported when the next key cuts its reply short: the
+    turns wait for their keys' verdict, and go to every sink masked, after their keys."""
+    t, sink = _telemetry(tmp_path)
+    for i, key in enumerate(CARD):
+        t.dtmf("c1", key)
+        if i:
+            t.turn("c1", _keyed(CARD[i - 1]))
+    assert _turns(sink) == [], "held with their keys"
+    t.turn("c1", TurnCompleted("thanks", "You're welcome.", {}))  # the run is over
+    t.turn("c1", _keyed(CARD[-1]))
+    masked = ("(keypad [redacted 1 digit])", "*")
+    assert _turns(sink) == [masked] * 15 + [("thanks", ""), masked]
+    # each turn right after its key: the timeline's order
+    assert [k for _, k, _ in sink.events] == ["dtmf", "turn"] * 15 + ["dtmf", "turn", "turn"]
+    stored = json.dumps(_timeline(t)) + json.dumps(t.recent_turns["c1"], default=repr)
+    assert "(keypad 1)" not in stored and "(keypad 4)" not in stored
+    assert sink.keys() == "*" * 16
+
+
+def test_a_card_keyed_into_an_entry_is_masked_and_other_entries_stay(tmp_path: Path) -> None:
+    t, sink = _telemetry(tmp_path)
+    for key in "54321#":
+        t.dtmf("c1", key)
+    t.turn("c1", _keyed("54321"))
+    for key in CARD + "#":  # an account slot that is not sensitive: the Luhn rule masks it
+        t.dtmf("c1", key)
+    assert t.turn("c1", _keyed(CARD)), "a card number: the recording's caller side is blanked"
+    assert _turns(sink) == [("(keypad 54321)", "54321"), ("(keypad [redacted 16 digits])",
+                                                           "*" * 16)]  # fmt: skip
+    assert sink.keys() == "54321#" + "*" * 16 + "#"
+    assert CARD not in json.dumps(_timeline(t))
+
+
+def test_a_sensitive_entry_reported_masked_goes_out_as_it_is(tmp_path: Path) -> None:
+    t, sink = _telemetry(tmp_path)
+    t.dtmf("c1", "3")
+    t.turn("c1", _keyed("3"))
+    for key in "1234":  # a PIN: the agent asked for a sensitive slot
+        t.dtmf("c1", key, sensitive=True)
+    t.turn("c1", _keyed("****", "[redacted 4 digits]"))  # as the voice agent reports it
+    assert _turns(sink) == [("(keypad 3)", "3"), ("[redacted 4 digits]", "****")]
+    assert sink.keys() == "3****"
+
+
+def test_held_keypad_turns_go_out_when_the_call_ends(tmp_path: Path) -> None:
+    t, sink = _telemetry(tmp_path)
+    t.dtmf("c1", "2")
+    t.turn("c1", _keyed("2"))
+    assert _turns(sink) == []
+    t.ended(call_telemetry.CallFacts("c1", "", "", None, None, "", ""), "answered", "bye")
+    assert _turns(sink) == [("(keypad 2)", "2")]
+    assert [k for _, k, _ in sink.events][:2] == ["dtmf", "turn"]

@@ -19,6 +19,7 @@ from test_ua import (
     run_until,
 )
 
+from sip_bridge.config import SipConfig
 from sip_bridge.message import NameAddr, SipRequest, SipResponse, make_response, parse_message
 from sip_bridge.ua import BridgeUA, CallEnded, Send, TransferProgress, UaEvent
 
@@ -176,19 +177,41 @@ def test_notify_486_fails_the_transfer() -> None:
     assert not requests(run_until(ua, 60.0), "BYE") and ua.active_calls == 1
 
 
-def test_no_final_notify_in_32_s_fails_with_status_0() -> None:
+def test_no_final_notify_in_20_s_fails_with_status_0() -> None:
     ua = make_ua()
-    _, ok, refer = start_transfer(ua)
+    _, ok, refer = start_transfer(ua)  # the REFER goes out at 1.0
     answer_refer(ua, refer, 202, 1.1)
     ua.receive_bytes(notify(ok, 2, "SIP/2.0 180 Ringing\r\n"), CALLER, "udp", 1.5)
-    assert not of_type(run_until(ua, 32.9), TransferProgress)
-    [p] = of_type(run_until(ua, 33.1), TransferProgress)
+    assert not of_type(run_until(ua, 20.9), TransferProgress)  # the target keeps ringing
+    [p] = of_type(run_until(ua, 21.1), TransferProgress)
     assert (p.status, p.outcome, p.final) == (0, "failed", True)
-    assert "32 s" in p.reason
+    assert "20 s" in p.reason
     # a late NOTIFY belongs to a subscription we gave up on
     late = ua.receive_bytes(notify(ok, 3, "SIP/2.0 200 OK\r\n"), CALLER, "udp", 34.0)
     assert [r.status for r in responses(late)] == [481]
     assert not of_type(late, TransferProgress) and ua.active_calls == 1
+
+
+def test_the_wait_for_a_final_report_is_configurable() -> None:
+    ua = make_ua()
+    ua.transfer_timeout_s = 6.0  # [transfer] timeout_s
+    _, _, refer = start_transfer(ua)
+    answer_refer(ua, refer, 202, 1.1)
+    assert not of_type(run_until(ua, 6.9), TransferProgress)
+    [p] = of_type(run_until(ua, 7.1), TransferProgress)
+    assert (p.status, p.final) == (0, True) and "6 s" in p.reason
+
+
+def test_a_refer_nobody_answers_fails_at_the_transfer_timeout_not_timer_f() -> None:
+    """With RFC 3261 timers (T1 = 0.5 s) the REFER's Timer F is 32 s: the caller must be
+    taken back at transfer_timeout_s (20 s) instead."""
+    ua = make_ua(SipConfig())
+    start_transfer(ua)
+    events = run_until(ua, 20.9)
+    assert len(requests(events, "REFER")) >= 3 and not of_type(events, TransferProgress)
+    [p] = of_type(run_until(ua, 21.1), TransferProgress)
+    assert (p.status, p.outcome, p.final) == (0, "failed", True)
+    assert not of_type(run_until(ua, 40.0), TransferProgress)  # Timer F later: no second one
 
 
 def test_unanswered_refer_times_out_408() -> None:

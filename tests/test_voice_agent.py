@@ -16,6 +16,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -24,21 +25,36 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+import agent.voice as voice_module
 from agent.base import (
     AgentEvent,
     AgentOutput,
     CallInfo,
+    DeadAir,
     DtmfEvent,
     TransferRequest,
     TransferResult,
     TurnCompleted,
 )
-from agent.profile import load_profile
+from agent.profile import Filler, load_profile
 from agent.sentences import split_sentences
 from agent.voice import VoiceAgent, VoiceSettings
 from agent.voice_models import FIRST_WORDS
 
 DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
+
+
+@functools.cache
+def no_backchannels() -> Path:
+    """The demo profile with backchannels off: every barge-in is final at once."""
+    import tempfile
+
+    text = DEMO.read_text().replace("[barge_in]\n", "[barge_in]\nbackchannels = []\n", 1)
+    path = Path(tempfile.mkdtemp()) / "demo-no-backchannels.toml"
+    path.write_text(text)
+    return path
+
+
 TTS_RATE = 22050
 WORD = 1764  # TTS samples per word: 80 ms at 22050 Hz, exactly 640 at 8 kHz
 WORD_8K = 640  # what the models hand the agent: 8 kHz, resampled in their executor
@@ -74,6 +90,8 @@ class FakeModels:
 
     def __init__(self) -> None:
         self.tts = SimpleNamespace(sample_rate=TTS_RATE, synthesize=self.synthesize)
+        # a whole clip's text (what a held reply's probe asks): the next canned text
+        self.asr = SimpleNamespace(transcribe=lambda pcm: self.asr_texts.popleft())
         self.executor = ThreadPoolExecutor(1)
         self.asr_texts: deque[str] = deque()
         self.finish_futures: deque[Future[str]] = deque()
@@ -179,6 +197,7 @@ class FakeOutput(AgentOutput):
         self.stopped = False
         self.log: list[tuple[int, str, Any]] = []
         self.after_stop: list[str] = []
+        self.dead_air: list[tuple[int, float]] = []  # (tick, gap ms): kept apart from emits
 
     def _note(self, what: str, arg: Any) -> None:
         self.log.append((self.tick, what, arg))
@@ -196,6 +215,9 @@ class FakeOutput(AgentOutput):
         self._note("hangup", reason)
 
     def emit(self, event: AgentEvent) -> None:
+        if isinstance(event, DeadAir):
+            self.dead_air.append((self.tick, event.gap_ms))
+            return
         self._note("emit", event)
 
     def send_dtmf(self, digits: str) -> None:
@@ -216,13 +238,21 @@ class Call:
     """One call: a VoiceAgent on fake models, driven tick by tick; stopped on exit."""
 
     def __init__(
-        self, profile_path: Path = DEMO, *, greeted: bool = True, speculate: bool = True
+        self,
+        profile_path: Path = DEMO,
+        *,
+        greeted: bool = True,
+        speculate: bool = True,
+        filler: Filler | None = None,
+        hold_audio: NDArray[np.int16] | None = None,
     ) -> None:
+        """``filler``: none unless given (these tests time replies tick by tick; a filler
+        on the wall clock would land in them)."""
         self.models = FakeModels()
         self.out = FakeOutput()
-        profile = load_profile(profile_path)
+        profile = replace(load_profile(profile_path), filler=filler or Filler(text="", tone_hz=0))
         settings = VoiceSettings(speculate=speculate)
-        self.agent = VoiceAgent(self.models, profile, settings)  # type: ignore[arg-type]
+        self.agent = VoiceAgent(self.models, profile, settings, hold_audio=hold_audio)  # type: ignore[arg-type]
         self.greeted = greeted  # start after the greeting has played
 
     async def __aenter__(self) -> Call:
@@ -346,7 +376,7 @@ async def test_a_turn_is_transcribed_answered_and_timed_in_order() -> None:
 
 @aio
 async def test_barge_in_cuts_the_reply_and_keeps_the_callers_words() -> None:
-    c = Call(greeted=False)
+    c = Call(no_backchannels(), greeted=False)
     c.models.hold = {GREETING[2]}  # the last sentence is still being synthesised
     async with c:
         await c.until(lambda: len(c.out.writes) == 2, "two sentences written")
@@ -370,13 +400,13 @@ async def test_barge_in_cuts_the_reply_and_keeps_the_callers_words() -> None:
         # the stale sentence comes from the TTS after the flush: it is never written
         c.models.release.set()
         await c.until(lambda: c.models.finished == 1, "the held TTS")
-        await c.tick(3, OUR_RMS)
+        await c.tick(5, OUR_RMS)  # the reply fades out over 100 ms: 5 ticks
         assert c.models.produced == GREETING and c.models.cancel_seen == [True]
         assert len(c.out.writes) == 2 and not c.agent.playout.playing
         # the caller goes on and ends the turn: answered from what they said
         i = await c.turn("when are you open")
         assert c.models.spoken[-1] == HOURS and c.out.written(i).size > 0
-        assert sum(s for _, s in c.models.stt.utterances[-1]) == BARGE_TICKS + 3 + 8
+        assert sum(s for _, s in c.models.stt.utterances[-1]) == BARGE_TICKS + 5 + 8
         assert c.out.flushes == [30 + BARGE_TICKS]
         await c.drain()
         assert c.transcript[1:] == [("caller", "when are you open"), ("agent", HOURS)]
@@ -535,6 +565,116 @@ async def test_stop_drops_audio_already_on_its_way_to_the_loop() -> None:
     await _stop_during_reply(tts_done_first=True)
 
 
+ORDER_PROMPT = "What is your order number? You can say it or type it, then press hash."
+
+
+def _turns_reported(c: Call) -> list[TurnCompleted]:
+    return [e for _, e in c.out.of("emit") if isinstance(e, TurnCompleted)]
+
+
+@aio
+async def test_caller_going_on_within_a_second_of_the_reply_is_one_turn() -> None:
+    """ "I would like to ask about [pause] my order, please.": the pause ended the turn and
+    a reply began; the caller goes on within 1 s. The reply stops, the two halves are one
+    turn, answered once, and the record has that one turn."""
+    async with Call() as c:
+        await c.turn("I would like to ask about")
+        assert c.models.spoken[-1].startswith("Sorry, I didn't catch that")
+        await c.tick(10)  # 200 ms of the fallback reply played
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        assert len(c.out.flushes) == 1 and c.agent.merges == 1 and c.agent.barge_ins == 0
+        assert c.agent.turns == [] and _turns_reported(c) == []
+        await c.turn("my order, please")
+        assert c.models.spoken[-1] == ORDER_PROMPT
+        await c.drain()
+        (turn,) = _turns_reported(c)
+        assert turn.caller_text == "I would like to ask about my order, please"
+        assert turn.agent_text == ORDER_PROMPT and not turn.barged_in
+        assert len(c.agent.turns) == 1
+        # the dialogue never saw the first half on its own: no miss, no apology
+        assert c.transcript == [
+            ("agent", " ".join(GREETING)),
+            ("caller", "I would like to ask about my order, please"),
+            ("agent", ORDER_PROMPT),
+        ]
+
+
+def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the fake TTS's replies last ~1.3 s: a 400 ms window makes room to talk over one later
+    monkeypatch.setattr(voice_module, "MERGE_TICKS", 20)
+    _talk_over_late()
+
+
+@aio
+async def _talk_over_late() -> None:
+    async with Call(no_backchannels()) as c:
+        await c.turn("I would like to ask about")
+        await c.tick(25)  # 500 ms of the reply played: past the window
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        assert c.agent.merges == 0 and c.agent.barge_ins == 1
+        (first,) = _turns_reported(c)
+        assert first.caller_text == "I would like to ask about" and first.barged_in
+        await c.turn("my order, please")
+        assert c.models.spoken[-1] == ORDER_PROMPT
+        await c.drain()
+        assert [t.caller_text for t in _turns_reported(c)] == [
+            "I would like to ask about",
+            "my order, please",
+        ]
+
+
+@aio
+async def test_a_backchannel_holds_the_reply_which_then_goes_on() -> None:
+    """ "Okay." over the greeting: it fades out as for any barge-in (it might have been the
+    start of a question), and when the caller pauses and it was only "okay", the greeting
+    goes on from where it stopped: no turn, no barge-in, all of it heard."""
+    async with Call(greeted=False) as c:
+        await c.tick(30)  # into the second sentence
+        c.models.asr_texts.append("Okay.")
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        assert c.out.flushes == [30 + BARGE_TICKS]
+        played = c.agent.playout.head
+        writes = len(c.out.writes)
+        c.vad(False, False)
+        await c.tick(4)  # 80 ms of pause: the agent asks what that was
+        await c.until(lambda: c.agent.backchannels == 1, "the backchannel")
+        # what was left goes out again, from a little before where it stopped
+        resumed = c.out.written(writes)
+        assert _len8k(GREETING) - played < resumed.size <= _len8k(GREETING) - played + 2400
+        await c.drain()
+        assert c.agent.turns == [] and c.agent.barge_ins == 0 and c.out.of("emit") == []
+        assert c.transcript == [("agent", " ".join(GREETING))]
+
+
+@aio
+async def test_words_over_a_held_reply_are_a_barge_in_and_a_turn() -> None:
+    async with Call(greeted=False) as c:
+        await c.tick(30)
+        c.models.asr_texts.extend(["when are you open", "when are you open"])
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        writes = len(c.out.writes)
+        c.vad(False, False)
+        await c.tick(4)
+        await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
+        assert c.agent.backchannels == 0 and len(c.out.writes) == writes  # nothing resumed
+        c.models.eot.fire = "model"
+        await c.tick(2)
+        await c.until(lambda: c.models.spoken[-1] == HOURS, "the answer")
+        await c.drain()
+        words = GREETING[1].split()[: int(14 * ((30 + BARGE_TICKS) * FRAME - 3200) / 8960)]
+        assert c.transcript == [
+            ("agent", f"{GREETING[0]} {' '.join(words)} ..."),
+            ("caller", "when are you open"),
+            ("agent", HOURS),
+        ]
+
+
 @aio
 async def test_a_sensitive_slot_turn_is_reported_and_logged_without_its_digits(
     caplog: pytest.LogCaptureFixture,
@@ -578,5 +718,12 @@ async def test_a_keyed_sensitive_slot_leaves_the_next_spoken_turn_as_it_was() ->
         assert c.models.spoken[-1].startswith("Thank you. Your payment with your Visa card")
         await c.turn("What are your opening hours?")
         await c.drain()
-        reports = [a for _, a in c.out.of("emit") if isinstance(a, TurnCompleted)]
-    assert [r.caller_text for r in reports] == ["What are your opening hours?"]
+        reports = _turns_reported(c)
+    # the keypad turns are turns too (issue 15): the card's only as how many keys there were
+    assert [(r.caller_text, r.input, r.keys) for r in reports] == [
+        ("(keypad 3)", "keypad", "3"),
+        ("[redacted 16 digits]", "keypad", "*" * 16),
+        ("What are your opening hours?", "speech", ""),
+    ]
+    assert c.agent.turns[1].text == "(keypad 4111111111111111)"  # the agent's own view
+    assert ("caller", "[redacted 16 digits]") in c.transcript  # what an LLM would read

@@ -18,9 +18,11 @@ import wave
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
+from transferee import ReferableCall, Transferee
 
 from resample import Resampler
 from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
@@ -30,7 +32,7 @@ from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.transaction import SendMessage
 from sip_bridge.transport import Received, SipTransport
 from sip_bridge.uac import OutboundCall
-from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed
+from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed, UacEvent
 
 __all__ = ["SPEECH_DBFS", "WireCaller", "espeak", "level_dbfs"]
 
@@ -55,11 +57,16 @@ def level_dbfs(pcm: NDArray[np.int16]) -> float:
     return float(20 * np.log10(max(rms, 1e-3) / 32768))
 
 
+class LineEchoPath(Protocol):
+    def process(self, sent: NDArray[np.int16]) -> NDArray[np.float64]: ...
+
+
 @dataclass
 class WireLog:
     sent: list[tuple[float, float]] = field(default_factory=list)  # (loop time, dBFS)
     received: list[tuple[float, float]] = field(default_factory=list)
     heard: list[NDArray[np.int16]] = field(default_factory=list)  # received audio, in order
+    keys: list[tuple[float, str]] = field(default_factory=list)  # (last packet sent, key)
 
 
 class _Rtp(asyncio.DatagramProtocol):
@@ -81,15 +88,32 @@ class WireCaller:
         host: str = "127.0.0.1",
         echo_db: float | None = None,
         echo_delay_ms: int = 120,
-        keys: bool = False,
+        dtmf: bool = False,
+        transferee: bool = False,
+        line_echo: LineEchoPath | None = None,
     ) -> None:
         """``echo_db``: a line echo, what we hear sent back ``echo_delay_ms`` later this many
-        dB down (a 2-wire hybrid's return loss), mixed into what we say. ``keys``: offer
-        telephone-event, so :meth:`press` sends RFC 4733 key presses."""
+        dB down (a 2-wire hybrid's return loss), mixed into what we say. ``line_echo``: any
+        echo path instead (e.g. tests/line_echo.py's with a hybrid's colouring), fed every
+        frame our phone plays and returning the echo of it, sample for sample. ``dtmf``:
+        offer telephone-event, so :meth:`press` sends RFC 4733 keys. ``transferee``: follow
+        a REFER (call the target, NOTIFY its progress; :attr:`transfer`)."""
+        self.dtmf = dtmf
+        self.transferee = transferee
+        self.transfer: Transferee | None = None
+        self._outbox: DtmfOutbox | None = None
+        self._pressing: str | None = None
         self.target = target
         self._echo_gain = None if echo_db is None else 10 ** (-echo_db / 20)
-        self._echo: deque[NDArray[np.int16]] = deque()
+        # line_echo: what we hear, placed by RTP timestamp on our own sample clock, 60 ms
+        # behind and deeper after a late packet (a phone's jitter buffer): the echo's
+        # delay then stays what it is, whatever the packets' arrival jitter
+        self._playout: dict[int, NDArray[np.int16]] = {}  # frame index on our clock
+        self._ts0: int | None = None
+        self._frame0 = 0
+        self._sent_frames = 0
         self._echo_frames = max(1, echo_delay_ms // 20)
+        self._line_echo = line_echo
         self.codec = codec
         self.host = host
         self.log = WireLog()
@@ -105,18 +129,27 @@ class WireCaller:
         self.answered = asyncio.Event()
         self.ended = asyncio.Event()
         self.status = 0
-        self._keys = keys
-        self._outbox: DtmfOutbox | None = None  # RFC 4733 presses, once answered
 
     @property
     def speaking(self) -> bool:
-        return bool(self._queue) or (self._outbox is not None and self._outbox.busy)
+        return bool(self._queue)
 
-    def press(self, digits: str) -> None:
-        """Queue key presses (RFC 4733 events in the audio's place, 100 ms each, 60 ms
-        apart); ``say_all``/``speaking`` wait for them too."""
-        assert self._outbox is not None, "keys=True, and a peer that accepted telephone-event"
-        self._outbox.add(digits)
+    @property
+    def pressing(self) -> bool:
+        return self._outbox is not None and self._outbox.busy
+
+    def press(self, keys: str) -> None:
+        """Queue RFC 4733 key presses (100 ms each, 60 ms apart) on the caller's stream;
+        each key's release (its first End packet) goes to ``log.keys``."""
+        assert self._outbox is not None, "connect(dtmf=True) first"
+        self._outbox.add(keys)
+
+    async def press_all(self, keys: str) -> float:
+        """Press them and wait until they are sent; the time the last key was released."""
+        self.press(keys)
+        while self.pressing:
+            await asyncio.sleep(0.01)
+        return self.log.keys[-1][0]
 
     def say(self, pcm8k: NDArray[np.int16]) -> None:
         """Queue audio; it leaves in 20 ms packets on the caller's clock."""
@@ -171,8 +204,9 @@ class WireCaller:
         self._sip = SipTransport(inbox.put_nowait)
         await self._sip.start(self.host, 0, ("udp",))
         assert self._sip.local is not None
-        media = MediaConfig(self.host, port, codecs=(self.codec,), telephone_event=self._keys)
-        self._uac = OutboundCall(self.target, self._sip.local, dest, media)
+        media = MediaConfig(self.host, port, codecs=(self.codec,), telephone_event=self.dtmf)
+        kind = ReferableCall if self.transferee else OutboundCall
+        self._uac = kind(self.target, self._sip.local, dest, media)
         self._tasks.append(loop.create_task(self._signalling(inbox)))
         await asyncio.wait_for(self.answered.wait(), timeout_s)
         self._tasks.append(loop.create_task(self._send_loop()))
@@ -188,10 +222,10 @@ class WireCaller:
                     sip.send_nowait(ev.data, ev.destination, ev.transport)
                 elif isinstance(ev, CallAnswered):
                     self._remote = (ev.media.remote_address, ev.media.remote_port)
-                    pt = ev.media.telephone_event_pt
-                    if self._keys and pt is not None:
-                        self._outbox = DtmfOutbox.on(self._sender, pt, 8000, 20)
                     self.status = ev.response.status
+                    pt = ev.media.telephone_event_pt
+                    if self.dtmf and pt is not None:
+                        self._outbox = DtmfOutbox.on(self._sender, pt, 8000, 20)
                     self.answered.set()
                 elif isinstance(ev, CallFailed | CallEnded):
                     self.status = getattr(ev, "status", self.status)
@@ -210,29 +244,63 @@ class WireCaller:
             elif item == "hangup":
                 events = uac.hangup(now)
             events += uac.tick(now)
+            if isinstance(uac, ReferableCall) and uac.referrals:
+                if self.transfer is None:
+                    self.transfer = Transferee(uac, self._send_sip, self._leave)
+                self.transfer.on_referred(uac.referrals.pop(0))
+
+    def _send_sip(self, events: list[UacEvent]) -> None:
+        assert self._sip is not None
+        for ev in events:
+            if isinstance(ev, SendMessage):
+                self._sip.send_nowait(ev.data, ev.destination, ev.transport)
+
+    def _leave(self) -> None:
+        """The transfer succeeded: hang up on the bridge (BYE), as a transferee does."""
+        uac = self._uac
+        if uac is not None:
+            self._send_sip(uac.hangup(asyncio.get_running_loop().time()))
 
     async def _send_loop(self) -> None:
         loop = asyncio.get_running_loop()
         t = loop.time()
         silence = np.zeros(FRAME, np.int16)
+        ended = False  # the key being pressed has sent its End packet
         while not self.ended.is_set():
             key = self._outbox.next_packet() if self._outbox is not None else None
             if key is not None and self._rtp is not None and self._remote is not None:
-                self._rtp.sendto(key, self._remote)  # a key press takes this frame's slot
-                self.log.sent.append((loop.time(), -100.0))
+                self._rtp.sendto(key, self._remote)  # a key press takes the audio's slot
+                digit, end = _event_of(key)
+                if end and not ended:  # the key is released: its first End packet
+                    self.log.keys.append((loop.time(), digit))
+                ended = end
                 t += FRAME / 8000
                 await asyncio.sleep(max(0.0, t - loop.time()))
                 continue
             frame = self._queue.popleft() if self._queue else silence
-            if self._echo_gain is not None and len(self._echo) > self._echo_frames:
-                back = self._echo.popleft().astype(np.float64) * self._echo_gain
+            if self._line_echo is not None:
+                back = self._line_echo.process(self._played_out())
                 frame = np.clip(frame + back, -32768, 32767).astype(np.int16)
             if self._rtp is not None and self._remote is not None:
                 payload = self._encode(frame).tobytes()
                 self._rtp.sendto(self._sender.next_packet(payload, FRAME), self._remote)
                 self.log.sent.append((loop.time(), level_dbfs(frame)))
+            self._sent_frames += 1
             t += FRAME / 8000
             await asyncio.sleep(max(0.0, t - loop.time()))
+
+    def _place(self, timestamp: int, pcm: NDArray[np.int16]) -> None:
+        if self._ts0 is None:
+            self._ts0, self._frame0 = timestamp, self._sent_frames + 3  # 60 ms behind
+        k = self._frame0 + ((timestamp - self._ts0) % 2**32) // FRAME
+        if k < self._sent_frames:  # too late: like a phone's buffer, grow (and stay) 60 ms
+            self._frame0 += self._sent_frames + 3 - k  # deeper than this packet needed
+            k = self._sent_frames + 3
+        self._playout[k] = pcm
+
+    def _played_out(self) -> NDArray[np.int16]:
+        """The frame our phone plays now (silence where nothing arrived in time)."""
+        return self._playout.pop(self._sent_frames, np.zeros(FRAME, np.int16))
 
     def _on_rtp(self, data: bytes) -> None:
         if looks_like_rtcp(data):
@@ -246,8 +314,8 @@ class WireCaller:
         pcm = self._decode(pkt.payload)
         self.log.received.append((asyncio.get_running_loop().time(), level_dbfs(pcm)))
         self.log.heard.append(pcm)
-        if self._echo_gain is not None and pcm.size == FRAME:
-            self._echo.append(pcm)
+        if self._line_echo is not None and pcm.size == FRAME:
+            self._place(pkt.timestamp, pcm)
 
     async def hangup(self) -> None:
         if self._sip is not None and self.answered.is_set() and not self.ended.is_set():
@@ -266,5 +334,13 @@ class WireCaller:
                 await t
         if self._rtp is not None:
             self._rtp.close()
+        if self.transfer is not None:
+            await self.transfer.close()
         if self._sip is not None:
             await self._sip.close()
+
+
+def _event_of(datagram: bytes) -> tuple[str, bool]:
+    """The key an RFC 4733 event packet carries, and its End bit."""
+    payload = RtpPacket.parse(datagram).payload
+    return "0123456789*#ABCD"[payload[0]], bool(payload[1] & 0x80)

@@ -121,7 +121,7 @@
   }
 
   // ---- live calls ----
-  const LIVE_COLS = ["id", "leg", "caller", "callee", "route", "agent", "state", "duration", "quality", "latency", "turns", "actions"];
+  const LIVE_COLS = ["id", "leg", "caller", "callee", "route", "agent", "state", "duration", "quality", "latency", "deadair", "turns", "actions"];
 
   function lastTurnsNode(turns) {
     const box = document.createDocumentFragment();
@@ -140,7 +140,7 @@
     for (const col of LIVE_COLS) {
       const td = el("td");
       td.dataset.col = col;
-      if (["duration", "quality", "latency"].includes(col)) td.className = "num";
+      if (["duration", "quality", "latency", "deadair"].includes(col)) td.className = "num";
       if (col === "turns") td.className = "turns";
       if (col === "id") td.append(callIdNode(call.call_id));
       if (col === "actions") {
@@ -188,6 +188,8 @@
       setCell(tr, "duration", fmt(c.duration_s, 0));
       setCell(tr, "quality", fmt(c.jitter_ms, 1) + " / " + fmt(c.loss_pct, 1));
       setCell(tr, "latency", fmt(c.turn_latency_ms, 0));
+      const da = c.dead_air || null; // the caller's waits in silence: longest / total
+      setCell(tr, "deadair", da ? fmt(da.longest_ms, 0) + " / " + fmt(da.total_ms, 0) : "–");
       const turnsTd = tr.querySelector('td[data-col="turns"]');
       turnsTd.replaceChildren(lastTurnsNode(c.last_turns));
     }
@@ -238,6 +240,7 @@
         el("td", { text: str(c.outcome) }),
         el("td", { cls: "num", text: fmt(c.duration_s, 1) }),
         el("td", { cls: "num", text: fmt(c.setup_ms, 0) }),
+        el("td", { cls: "num", text: fmt(c.dead_air_max_ms, 0) + " / " + fmt(c.dead_air_total_ms, 0) }),
         el("td", { text: str(c.end_reason) }),
       ];
       tr.append(...cells);
@@ -246,7 +249,7 @@
     if (rows.length === 0 && !data.note) {
       const tr = el("tr");
       const td = el("td", { cls: "empty", text: "no calls recorded yet" });
-      td.colSpan = 9;
+      td.colSpan = 10;
       tr.append(td);
       rows.push(tr);
     }
@@ -272,7 +275,7 @@
   // ---- detail ----
   const FIELD_ORDER = ["call_id", "started_at", "caller", "callee", "agent", "outcome", "duration_s",
     "setup_ms", "end_reason", "trunk", "codec", "remote", "packets_in", "packets_out", "jitter_ms",
-    "loss_pct", "jb_delay_ms", "late_frames"];
+    "loss_pct", "jb_delay_ms", "late_frames", "dead_air_max_ms", "dead_air_total_ms"];
 
   function fieldList(call) {
     const dl = el("dl", { cls: "fields" });

@@ -1,0 +1,56 @@
+"""Backchannels: "uh-huh", "okay", "right" said while the agent talks, to show one listens.
+
+They are not a turn and must not stop the reply for good. The voice agent stops (fades)
+as for any barge-in, since a backchannel and the first word of a real interruption sound
+alike for the first 250 ms; when the caller falls silent it transcribes what they said,
+and if that was only backchannels (or nothing it could make out), it goes on from the word
+it stopped at. This module is the test on the words (pure: no I/O).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from agent.profile import normalize
+
+__all__ = ["DEFAULT_BACKCHANNELS", "is_backchannel", "phrases"]
+
+#: What counts unless a profile lists its own ([barge_in] backchannels): the usual ones,
+#: as an ASR spells them. Not "yes"/"yeah": said over a question they are its answer.
+DEFAULT_BACKCHANNELS = (
+    "uh-huh",
+    "uh huh",
+    "mm-hm",
+    "mm-hmm",
+    "mhm",
+    "mm",
+    "hmm",
+    "okay",
+    "ok",
+    "right",
+    "alright",
+    "all right",
+    "i see",
+    "got it",
+)
+
+
+def phrases(texts: Iterable[str]) -> tuple[tuple[str, ...], ...]:
+    """Backchannels as the words the agent compares (normalised like intents' keywords)."""
+    return tuple(p for p in (normalize(t) for t in texts) if p)
+
+
+def is_backchannel(text: str, known: tuple[tuple[str, ...], ...]) -> bool:
+    """Whether ``text`` (what the ASR heard) is only backchannels from ``known``, one or
+    several ("okay, right"); nothing made out counts too (a hum the ASR drops). With no
+    ``known`` phrases (the profile turned them off) nothing is."""
+    if not known:
+        return False
+    words = normalize(text)
+    reach = [True] + [False] * len(words)  # reach[i]: words[:i] split into phrases
+    for i in range(len(words)):
+        if reach[i]:
+            for p in known:
+                if words[i : i + len(p)] == p:
+                    reach[i + len(p)] = True
+    return reach[-1]

@@ -1,0 +1,210 @@
+"""Is the caller talking over us, or is it our own voice coming back? Decided per 20 ms tick.
+
+Two gates with one interface, both pure (no clock, no I/O): each takes the tick heard and
+the tick of our reply that went out at the same time, returns what the rest of the agent
+should hear (VAD, ASR, end of turn), and says whether the last ``window`` ticks hold more
+than our echo could explain.
+
+- :class:`EchoGate` (the default): a line echo canceller (:mod:`agent.echo_canceller`)
+  takes our echo out, and the decision is on the residual. How much of our voice can be
+  left in the residual is learnt, not assumed: while we talk, each window's residual
+  energy relative to our recent voice's joins a history (``history_s``, windows decided as
+  the caller's excepted), and its 90th percentile bounds what echo leaves (relative to the
+  canceller's own echo estimate too, once it has one: tighter, and in step with the echo).
+  The caller counts when the residual over the window beats that bound (plus the line's
+  noise floor) by ``margin_db``, and at least half the window's ticks do on their own. So
+  a quiet caller is heard once the canceller has converged (about a second of our voice:
+  it finds the echo's delay first), a line without echo lets any caller through within
+  half a second of our first word, and a loud echo before convergence cannot pass. A
+  percentile, not a running maximum, and recent windows counted late: the first windows of
+  a caller's speech must not raise the bound they are measured against.
+- :class:`LoudnessGate`: the rule this replaced (the caller's mean energy over the window
+  against our loudest window within ``ECHO_S``, minus ``margin_db``), kept to measure
+  against (bench/barge_in.py) and for operators who set ``agent.voice.echo_canceller =
+  false``.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+from agent.echo_canceller import EchoCanceller
+
+__all__ = ["BargeInGate", "EchoGate", "LoudnessGate"]
+
+ECHO_S = 0.4  # how late our voice may come back (LoudnessGate's horizon)
+TICK_S = 0.02
+_QUIET = 10.0 ** (-70 / 10) * 32768.0**2 * 160  # a tick's energy at -70 dBFS
+_ERL = 0.25  # before any evidence: echo 6 dB under our voice (G.168), none of it cancelled
+_PRIORS = 3
+_CONFUSED = 0.5  # while the canceller relearns: echo as loud as our voice 3 dB down
+_NOISE_S = 1.5
+_NOISE_OVER_MIN = 1.5  # a tick of noise is rarely under 2/3 of its mean power (160 samples)
+_BOUND_EVERY = 5  # ticks between updates of the learnt bounds
+_MIN_EVIDENCE = 25  # windows (half a second) before the estimate-relative bound is used
+
+
+class BargeInGate(Protocol):
+    window: int
+
+    def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
+        """One tick: what the caller's side sent, what we sent; returns what to listen to."""
+        ...
+
+    def caller_louder(self) -> bool:
+        """Over the last ``window`` ticks, more came back than our echo explains."""
+        ...
+
+    def forget_recent(self) -> None:
+        """The caller barged in: what was heard lately is not our echo."""
+        ...
+
+
+class EchoGate:
+    """Echo canceller, then the residual against a learnt bound of what echo is left."""
+
+    def __init__(
+        self,
+        window: int,
+        *,
+        margin_db: float = 6.0,
+        tail_ms: float = 320.0,
+        history_s: float = 1.0,
+    ) -> None:
+        self.window = max(1, window)
+        self.canceller = EchoCanceller(tail_ms=tail_ms)
+        self._margin = 10 ** (margin_db / 10)
+        tail = self.canceller.partitions
+        self._ours: deque[float] = deque([0.0] * tail, maxlen=tail)  # our ticks' energies
+        self._env: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # loudest
+        self._left: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # residual
+        self._est: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # echo taken
+        self._above: deque[bool] = deque([False] * self.window, maxlen=self.window)
+        self._mic: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # heard
+        # the line's noise floor: the quietest residual tick of the last 1.5 s (speech, ours
+        # or the caller's, has gaps between words), a little above that minimum
+        self._recent: deque[float] = deque(maxlen=round(_NOISE_S / TICK_S))
+        self._noise = _QUIET
+        # residual / our voice of the windows while we talked (the caller's excepted); until
+        # there is evidence, a few priors that make the rule the old one: the caller must
+        # beat our voice 6 dB down (G.168's minimum return loss, nothing cancelled)
+        prior = _ERL / self._margin
+        self._ratios: deque[float] = deque([prior] * _PRIORS, maxlen=round(history_s / TICK_S))
+        self.bound = prior  # residual / our voice that echo alone reaches (90th percentile)
+        # the latest windows' ratios wait before they count: if the caller turns out to have
+        # been talking in them (a barge-in), they are dropped (forget_recent)
+        self._pending: deque[tuple[float, float | None]] = deque(maxlen=2 * self.window)
+        # the same, relative to the echo the canceller took out: once it has converged, that
+        # estimate follows the echo in time (no delay to allow for) and bounds it tighter
+        self._est_ratios: deque[float] = deque(maxlen=self._ratios.maxlen)
+        self._learnt = 0
+        self.est_bound = float("inf")
+        self.residual_db = -120.0  # the last tick's residual level, for logs and benches
+
+    def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
+        res = self.canceller.process(heard, ours)
+        e_ours = float(np.dot(ours.astype(np.float64), ours))
+        e_left = float(np.dot(res, res))
+        self._ours.append(e_ours)
+        self._env.append(max(self._ours))  # our loudest tick that can still come back
+        self._left.append(e_left)
+        self._mic.append(float(np.dot(heard.astype(np.float64), heard)))
+        echo = self.canceller.echo
+        self._est.append(float(np.dot(echo, echo)))
+        self.residual_db = float(10 * np.log10(e_left / (32768.0**2 * res.size) + 1e-12))
+        # this tick on its own against the echo it may hold (half the margin): a barge-in
+        # needs half the window's ticks above it, so a click or a cough (a tick or two,
+        # however loud) does not stop us, nor does one loud syllable of residual echo
+        echo_now = min(self.bound * self._env[-1], self.est_bound * self._est[-1])
+        confused = self.confused
+        if confused:
+            echo_now = max(echo_now, _CONFUSED * self._env[-1] / self._margin)
+        self._recent.append(max(e_left, _QUIET))
+        self._noise = _NOISE_OVER_MIN * min(self._recent)
+        self._above.append(e_left > self._margin**0.5 * (echo_now + self._noise))
+        if self.canceller.active and not confused and not self.caller_louder():
+            self._learn()
+        out: NDArray[np.int16] = np.clip(np.rint(res), -32768, 32767).astype(np.int16)
+        return out
+
+    def _learn(self) -> None:
+        """This window had our echo (and noise) only: its ratio joins the history."""
+        env = sum(self._env)
+        if env <= _QUIET * self.window * 100:  # we were too quiet to learn from
+            return
+        left = max(0.0, sum(self._left) - self.window * self._noise)
+        est = sum(self._est)
+        if len(self._pending) == self._pending.maxlen:
+            by_voice, by_estimate = self._pending[0]
+            self._ratios.append(by_voice)
+            if by_estimate is not None:
+                self._est_ratios.append(by_estimate)
+            self._learnt += 1
+            if self._learnt % _BOUND_EVERY == 0:  # a percentile each tick is most of the cost
+                self.bound = _p90(self._ratios)
+                if len(self._est_ratios) >= _MIN_EVIDENCE:
+                    self.est_bound = _p90(self._est_ratios)
+        self._pending.append((left / env, left / est if est > env * 1e-4 else None))
+
+    def forget_recent(self) -> None:
+        """The caller barged in: the windows not yet counted held their voice, not echo."""
+        self._pending.clear()
+
+    @property
+    def confused(self) -> bool:
+        """The canceller takes out little of what it estimates as echo: its estimate is
+        at least half of what came back, yet the residual is not 6 dB under that. The echo
+        path moved a lot (a jitter buffer resized, a line rerouted) and it has to learn it
+        again: until then its residual can be mostly echo, and only a caller louder than
+        our own voice 3 dB down counts (the old rule, a little stricter). A caller over a
+        canceller that works leaves it far from this: the residual is them, and what came
+        back is much more than the estimate (a loud caller) or than the residual (a quiet
+        one)."""
+        mic, left = sum(self._mic), sum(self._left)
+        return sum(self._est) > 0.5 * mic and mic < 4.0 * left
+
+    def caller_louder(self) -> bool:
+        if 2 * sum(self._above) < self.window:
+            return False
+        env, left = sum(self._env), sum(self._left)
+        floor = self.window * self._noise
+        echo = min(self.bound * env, self.est_bound * sum(self._est))
+        if self.confused:
+            echo = max(echo, _CONFUSED * env / self._margin)
+        return left > self._margin * (echo + floor)
+
+
+def _p90(values: deque[float]) -> float:
+    a = np.fromiter(values, np.float64, len(values))
+    k = min(a.size - 1, int(0.9 * a.size))
+    return float(np.partition(a, k)[k])
+
+
+class LoudnessGate:
+    """The caller's mean energy over the window against our loudest such window within
+    ECHO_S, ``margin_db`` down (G.168's minimum echo return loss): the old rule."""
+
+    def __init__(self, window: int, *, margin_db: float = 6.0) -> None:
+        self.window = max(1, window)
+        self._factor = 10 ** (-margin_db / 10)
+        self._ours: deque[float] = deque([0.0], maxlen=self.window + round(ECHO_S / TICK_S))
+        self._heard: deque[float] = deque([0.0], maxlen=self.window)
+
+    def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
+        self._ours.append(float(np.mean(ours.astype(np.float64) ** 2)))
+        self._heard.append(float(np.mean(heard.astype(np.float64) ** 2)))
+        return heard
+
+    def forget_recent(self) -> None:
+        pass
+
+    def caller_louder(self) -> bool:
+        heard = list(self._heard)
+        ours = np.asarray(self._ours)
+        run = min(self.window, ours.size)
+        loudest = float(np.convolve(ours, np.ones(run), mode="valid").max()) / run
+        return sum(heard) / len(heard) > loudest * self._factor

@@ -1,0 +1,52 @@
+"""CallTelemetry: a keypad turn and a call's dead air reach the record, the events and
+the metrics in the shapes operators read (no sockets: a list stands in for MQTT)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from agent.base import DeadAir, TurnCompleted
+from sip_bridge.call_telemetry import CallFacts, CallTelemetry
+from sip_bridge.metrics import BridgeMetrics
+from sip_bridge.records import CallRecords
+
+
+def test_keypad_turns_and_dead_air_reach_records_events_and_metrics(tmp_path: Path) -> None:
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    records = CallRecords(tmp_path / "calls.sqlite")
+    t = CallTelemetry("n1", records=records, metrics=BridgeMetrics(),
+                      events=lambda c, k, f: events.append((c, k, f)))  # fmt: skip
+    facts = CallFacts("c-1", "sip:alice@x", "sip:support@y", None, None, "voice", "1.2.3.4:5")
+    t.offered(facts)
+    t.answered(facts, "PCMU", "1.2.3.4:4000", "voice")
+    keyed = TurnCompleted(
+        "(keypad 54321)", "Order 5 4 3 2 1 is being packed.",
+        {"dialogue": 0.2, "tts_first_audio": 180.0, "total": 240.5}, input="keypad",
+        keys="54321",
+    )  # fmt: skip
+    t.turn("c-1", keyed)
+    for ms in (420.0, 1310.5, 60.0):
+        t.dead_air_gap("c-1", DeadAir(ms))
+    tally = t.dead_air["c-1"]
+    assert (tally.gaps, tally.longest_ms, tally.total_ms) == (3, 1310.5, 1790.5)
+    t.ended(facts, "answered", "caller hung up")
+    assert "c-1" not in t.dead_air
+    rec = records.show("c-1")
+    assert rec is not None
+    (turn,) = rec["turns"]
+    assert turn["caller_text"] == "(keypad 54321)"
+    assert turn["timings"] == {"dialogue": 0.2, "tts_first_audio": 180.0, "total": 240.5,
+                               "barged_in": False, "input": "keypad", "keys": "54321"}  # fmt: skip
+    assert rec["stats"]["dead_air_max_ms"] == 1310.5
+    assert rec["stats"]["dead_air_total_ms"] == 1790.5
+    kinds = {k: f for _, k, f in events}
+    assert kinds["turn"]["input"] == "keypad" and kinds["turn"]["keys"] == "54321"
+    assert kinds["turn"]["timings_ms"]["total"] == 240.5
+    assert kinds["ended"]["stats"]["dead_air_max_ms"] == 1310.5
+    assert t.metrics is not None
+    total = t.metrics.registry.get_sample_value("sipbridge_dead_air_seconds_total")
+    assert total == pytest.approx(1.7905)
+    records.close()

@@ -1,0 +1,134 @@
+"""The line echo canceller on speech: what it takes out (our echo), what it leaves (the caller).
+
+Our voice is the agent's own (Piper: the demo's greeting and a reply); the line returns
+it through a hybrid-like band-pass, late and down by the echo return loss, through G.711
+both ways, over line noise. The caller is an espeak voice at a real line level. Figures
+are energies of what is left of the echo (residual minus the caller's own signal),
+measured after four seconds of our voice (the canceller converges in two to three), with
+margins well clear of what it reaches.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from barge_in_sim import models
+from line_echo import LineEcho, at_level, espeak_voice, g711, line_noise
+from numpy.typing import NDArray
+
+from agent.echo_canceller import EchoCanceller
+from agent.profile import load_profile
+
+N = 160
+RATE = 8000
+DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
+
+
+@pytest.fixture(scope="module")
+def ours() -> NDArray[np.float64]:
+    """The demo's greeting and its hours reply in the agent's voice, as sent (G.711)."""
+    greeting = load_profile(DEMO).greeting.render({"company": "Acme"})
+    hours = "We're open Monday to Friday, 8 a.m. to 6 p.m., and Saturday 9 to 1."
+    pcm = np.concatenate([models().synthesize(greeting), models().synthesize(hours)])
+    return g711(pcm).astype(np.float64)
+
+
+@pytest.fixture(scope="module")
+def caller() -> NDArray[np.float64]:
+    return espeak_voice("Hello, I would like to ask about my order, please.", "en+f3").astype(
+        np.float64
+    )
+
+
+def _run(
+    ec: EchoCanceller, mic: NDArray[np.float64], ref: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    out = np.zeros(mic.size)
+    for k in range(mic.size // N):
+        s = slice(k * N, (k + 1) * N)
+        out[s] = ec.process(mic[s], ref[s])
+    return out
+
+
+def _db(x: NDArray[np.float64]) -> float:
+    return float(10 * np.log10(np.mean(x**2) / 32768**2 + 1e-20))
+
+
+def _line(
+    ours: NDArray[np.float64], erl: float | None, delay_ms: float, near: NDArray[np.float64]
+) -> NDArray[np.float64]:
+    echo = LineEcho(erl, delay_ms).process(ours) if erl is not None else np.zeros(ours.size)
+    return g711(echo + near + line_noise(ours.size, -65.0)).astype(np.float64)
+
+
+@pytest.mark.parametrize(("erl", "delay_ms"), [(6, 10), (6, 150), (12, 60), (20, 200), (6, 200)])
+def test_echo_is_cancelled_whatever_its_delay_and_loss(
+    ours: NDArray[np.float64], erl: float, delay_ms: float
+) -> None:
+    mic = _line(ours, erl, delay_ms, np.zeros(ours.size))
+    ec = EchoCanceller()
+    res = _run(ec, mic, ours)
+    late = slice(4 * RATE, mic.size // N * N)
+    erle = _db(mic[late]) - _db(res[late])
+    # our voice is at about -22 dBFS, the line noise at -65 dBFS: at ERL 20 the echo stands
+    # only ~20 dB above the noise, which bounds what any canceller can take out
+    assert erle >= (12.0 if erl == 20 else 20.0), erle
+    assert _db(res[late]) < -50.0
+    assert ec.adapted and ec.copies > 0
+
+
+def test_no_reference_leaves_the_input_untouched(caller: NDArray[np.float64]) -> None:
+    ec = EchoCanceller()
+    mic = np.concatenate([caller, np.zeros(N - caller.size % N)])
+    res = _run(ec, mic, np.zeros(mic.size))
+    assert np.array_equal(res, mic) and not ec.active
+
+
+@pytest.mark.parametrize("erl", [6.0, None])
+def test_double_talk_keeps_the_caller_and_the_filter(
+    ours: NDArray[np.float64], caller: NDArray[np.float64], erl: float | None
+) -> None:
+    """The caller at -30 dBFS talks over our echo (ERL 6 dB: 2 dB louder than they are)
+    from 5 s on: what is left is their voice, and the echo stays cancelled after."""
+    near = np.zeros(ours.size)
+    start = 5 * RATE
+    voice = at_level(caller, -30.0)
+    near[start : start + voice.size] = voice
+    mic = _line(ours, erl, 150.0, near)
+    echo_only = _line(ours, erl, 150.0, np.zeros(ours.size))
+    res = _run(EchoCanceller(), mic, ours)
+    talk = slice(start, start + voice.size)
+    left = res[talk] - g711(near[talk])
+    # what is left besides the caller is well under them: 20 dB at least
+    assert _db(left) < _db(voice) - 20.0, (_db(left), _db(voice))
+    # and the filter learnt none of their voice: after they stop, the echo is still gone
+    after = slice(start + voice.size + RATE // 2, ours.size // N * N)
+    if erl is not None:
+        assert _db(echo_only[after]) - _db(res[after]) >= 20.0
+    else:
+        assert _db(res[after]) < -60.0  # the line noise alone
+
+
+def test_cost_per_tick_is_small(ours: NDArray[np.float64]) -> None:
+    """Not a speed goal (bench/barge_in.py measures that): a guard against a slip that
+    makes a tick cost tens of milliseconds, e.g. a filter in the time domain."""
+    mic = _line(ours, 6, 150.0, np.zeros(ours.size))
+    ec = EchoCanceller()
+    blocks = mic.size // N
+    t0 = time.process_time()
+    _run(ec, mic, ours)
+    per_tick = (time.process_time() - t0) / blocks
+    assert per_tick < 0.005, per_tick
+
+
+def test_bad_blocks_and_settings_are_refused() -> None:
+    ec = EchoCanceller()
+    with pytest.raises(ValueError, match="blocks"):
+        ec.process(np.zeros(80), np.zeros(160))
+    with pytest.raises(ValueError):
+        EchoCanceller(step=3.0)
+    with pytest.raises(ValueError):
+        EchoCanceller(tail_ms=0)
