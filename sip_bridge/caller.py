@@ -38,7 +38,7 @@ from sip_bridge.uac import (
     UacState,
 )
 
-__all__ = ["CallOptions", "CallResult", "place_call"]
+__all__ = ["CallOptions", "CallResult", "local_address_for", "place_call", "resolve_target"]
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +75,17 @@ class CallResult:
         return self.answered
 
 
-def _local_address_for(dest: tuple[str, int]) -> str:
+def local_address_for(dest: tuple[str, int]) -> str:
     """The source address the OS would use towards ``dest`` (a connected UDP socket sends
-    nothing; it only asks the routing table)."""
+    nothing; it only asks the routing table). Shared with the call-script runner."""
     family = socket.AF_INET6 if ":" in dest[0] else socket.AF_INET
     with socket.socket(family, socket.SOCK_DGRAM) as s:
         s.connect(dest)
         return str(s.getsockname()[0])
 
 
-async def _resolve(uri: SipUri) -> tuple[str, int]:
+async def resolve_target(uri: SipUri) -> tuple[str, int]:
+    """Where a SIP URI's requests go: its host (resolved) and port (5060 by default)."""
     host, port = uri.host.strip("[]"), uri.port or 5060
     try:
         ipaddress.ip_address(host)
@@ -100,8 +101,8 @@ async def place_call(opts: CallOptions) -> CallResult:
     loop = asyncio.get_running_loop()
     audio = load_wav(opts.play, AGENT_RATE)
     agent = PlayRecordAgent(audio, AGENT_RATE)
-    dest = await _resolve(SipUri.parse(opts.target))
-    host = opts.local_host or _local_address_for(dest)
+    dest = await resolve_target(SipUri.parse(opts.target))
+    host = opts.local_host or local_address_for(dest)
     inbox: asyncio.Queue[Received | str] = asyncio.Queue()
     sip = SipTransport(inbox.put_nowait)
     await sip.start(host, 0, ("udp",))

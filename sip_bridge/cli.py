@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_calls_parser(sub)
 
     add_models_parser(sub)
+    from sip_bridge.script_cli import add_parser as add_script_parser
+
+    add_script_parser(sub)
     call = sub.add_parser("call", help="place one outbound call: play a WAV, record the answer")
     call.add_argument("uri", metavar="SIP_URI", help="whom to call, e.g. sip:echo@192.0.2.1")
     call.add_argument("--play", metavar="FILE.wav", required=True, help="16-bit PCM WAV to say")
@@ -264,6 +267,10 @@ def main(argv: list[str] | None = None) -> int:
         except (ConfigError, ValueError) as exc:
             print(f"sip-bridge status: {exc}", file=sys.stderr)
             return 2
+    if args.command == "script":
+        from sip_bridge import script_cli
+
+        return script_cli.run(args)
     if args.command == "models":
         from model_runtime.models_cli import run_models
 

@@ -9,7 +9,8 @@ retransmitted 2xx the layer surfaces until Timer M.  A call not answered within
 ``answer_timeout_s`` is CANCELled; the peer's 487 then ends it as :class:`CallFailed`.
 Digest authentication (401/407) is not attempted: such a final is reported as failure.
 Session timers (RFC 4028) and the peer's re-INVITE/UPDATE live in :mod:`sip_bridge.uac_session`:
-the INVITE asks for ``session_expires`` seconds and retries once after a 422.
+the INVITE asks for ``session_expires`` seconds and retries once after a 422. A REFER (being
+transferred) is :mod:`sip_bridge.uac_refer`'s.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ from sip_bridge.uac_events import (
     CallFailed,
     CallProgress,
     MediaChanged,
+    ReferReceived,
     UacEvent,
     UacState,
 )
-from sip_bridge.uac_session import ALLOW, UacSession, sends, timer_from_2xx
+from sip_bridge.uac_refer import UacTransferee
+from sip_bridge.uac_session import ALLOW, sends, timer_from_2xx
 
 __all__ = [
     "CallAnswered",
@@ -61,6 +64,7 @@ __all__ = [
     "CallProgress",
     "MediaChanged",
     "OutboundCall",
+    "ReferReceived",
     "UacEvent",
     "UacState",
 ]
@@ -68,7 +72,7 @@ __all__ = [
 Address = tuple[str, int]
 
 
-class OutboundCall(UacSession):
+class OutboundCall(UacTransferee):
     """INVITE ``target`` from ``local`` (our SIP host:port) and follow the call to its end.
 
     ``destination`` is where requests go (an IP address: resolving names is the runner's
@@ -102,6 +106,7 @@ class OutboundCall(UacSession):
         self.local_sdp = self.offer
         self.session_expires = session_expires
         self._init_session(min_se)
+        self._init_transferee()
         self.state = UacState.IDLE
         self.dialog: Dialog | None = None
         self.invite: SipRequest | None = None
@@ -339,6 +344,8 @@ class OutboundCall(UacSession):
             return [*events, CallEnded("remote hung up")] if ended else events
         if req.method in ("INVITE", "UPDATE"):
             return self._on_peer_refresh(ev, now)
+        if req.method == "REFER":
+            return self._on_refer(ev, now)
         status = 200 if req.method in ("INFO", "OPTIONS") else 501
         return sends(self.layer.send_response(ev.tx_id, make_response(req, status), now))
 

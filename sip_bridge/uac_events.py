@@ -19,6 +19,7 @@ __all__ = [
     "CallFailed",
     "CallProgress",
     "MediaChanged",
+    "ReferReceived",
     "UacEvent",
     "UacState",
 ]
@@ -63,7 +64,24 @@ class MediaChanged:
     media: NegotiatedMedia
 
 
-UacEvent = SendMessage | CallProgress | CallAnswered | CallFailed | CallEnded | MediaChanged
+@dataclass(frozen=True, slots=True)
+class ReferReceived:
+    """The peer asks us to call ``target`` (a blind transfer, RFC 3515); we answered 202.
+    Report how that call goes with :meth:`~sip_bridge.uac.OutboundCall.notify_refer`."""
+
+    target: str
+    referred_by: str
+
+
+UacEvent = (
+    SendMessage
+    | CallProgress
+    | CallAnswered
+    | CallFailed
+    | CallEnded
+    | MediaChanged
+    | ReferReceived
+)
 
 
 class UacState(StrEnum):

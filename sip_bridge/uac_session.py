@@ -50,7 +50,7 @@ from sip_bridge.uas_invite import sdp_offer
 __all__ = ["ALLOW", "UacSession", "sends", "timer_from_2xx"]
 
 Address = tuple[str, int]
-ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, UPDATE"
+ALLOW = "INVITE, ACK, BYE, CANCEL, OPTIONS, INFO, UPDATE, REFER"
 GLARE_RETRY_S = (2.1, 4.0)  # RFC 3261 14.1: we own the Call-ID
 BUSY_RETRY_S = 1.0  # our refresh waits this long while another INVITE transaction is open
 

@@ -32,7 +32,7 @@ from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.transaction import SendMessage
 from sip_bridge.transport import Received, SipTransport
 from sip_bridge.uac import OutboundCall
-from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed, UacEvent
+from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed, ReferReceived, UacEvent
 
 __all__ = ["SPEECH_DBFS", "WireCaller", "espeak", "level_dbfs"]
 
@@ -231,6 +231,9 @@ class WireCaller:
                     self.status = getattr(ev, "status", self.status)
                     self.ended.set()
                     self.answered.set()  # wake connect(); status tells
+                elif isinstance(ev, ReferReceived) and not self.transferee:
+                    # a phone that does not follow transfers: its user declines at once
+                    self._send_sip(uac.notify_refer(603, "Declined", loop.time()))
             deadline = uac.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - loop.time())
             try:

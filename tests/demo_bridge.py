@@ -1,0 +1,93 @@
+"""`sip-bridge run` with the shipped config on free ports, and sipp transfer targets: what
+the demo call scripts run against (tests/test_demo_scripts.py, bench/conversations.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from sipp_media import random_port_range
+from sipp_runner import free_port, sipp_command
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO_SCRIPTS = ROOT / "config" / "scripts" / "demo"
+#: What the demo profile's transfer target does in each transfer script (a sipp UAS).
+TRANSFER_TARGETS = {
+    "transfer_answered": "uas_transfer_answer.xml",
+    "transfer_rejected": "uas_transfer_busy.xml",
+    "transfer_no_answer": "uas_transfer_ring.xml",
+}
+
+
+@dataclass
+class RunningBridge:
+    uri: str
+    port: int
+    data: Path  # $SIP_BRIDGE_DATA: the call records are in data / "calls.sqlite"
+    proc: subprocess.Popen[str]
+
+
+@contextlib.contextmanager
+def shipped_bridge(data: Path, start_timeout_s: float = 120.0) -> Iterator[RunningBridge]:
+    """``sip-bridge run --config config/bridge.toml`` on a free SIP port and a random RTP
+    range, records in ``data``; stopped (SIGINT) on exit."""
+    low, high = random_port_range(200, 30000, 39000)
+    data.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, SIP_BRIDGE_DATA=str(data))
+    cmd = [
+        sys.executable, "-m", "sip_bridge.cli", "run",
+        "--config", str(ROOT / "config" / "bridge.toml"),
+        "--listen", "127.0.0.1:0", "--rtp-ports", f"{low}-{high}", "--http", "off",
+    ]  # fmt: skip
+    log = (data / "bridge.log").open("w")
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT, env=env)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + start_timeout_s
+        uri = ""
+        while time.monotonic() < deadline and not uri:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            m = re.search(r"dial (sip:\S+@127\.0\.0\.1:(\d+))", line)
+            if m:
+                uri = m.group(1)
+        assert uri, f"the bridge did not start: {(data / 'bridge.log').read_text()[-2000:]}"
+        yield RunningBridge(uri, int(uri.rsplit(":", 1)[1]), data, proc)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+
+
+def start_transfer_target(
+    scenario: str, timeout_s: float = 150.0
+) -> tuple[subprocess.Popen[str], int]:
+    """A sipp UAS for one call on a free port: the demo profile's transfer target."""
+    port = free_port()
+    cmd = sipp_command(scenario, None, "-p", str(port), "-m", "1", timeout=timeout_s)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, port
+
+
+def stop_transfer_target(proc: subprocess.Popen[str], timeout_s: float = 10.0) -> tuple[int, str]:
+    """Its exit status (0: the scenario played as written) and output."""
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return proc.returncode, out or ""
