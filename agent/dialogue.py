@@ -25,6 +25,7 @@ from typing import TypeAlias
 
 from agent.llm import LlmClient
 from agent.profile import DTMF_KEYS, Actions, AgentProfile, Intent, SlotSpec, normalize
+from agent.redaction import sensitive_text
 from agent.sentences import SentenceBuffer
 from agent.spoken_numbers import digit_runs, yes_no
 
@@ -73,6 +74,9 @@ class KeyTurn:
     keys: str  # what the caller keyed: a slot entry's digits ("54321") or one key ("2")
     parts: list[ReplyPart]
     ended_by: str = "key"  # entries: "#", "length" (max_length reached) or "timeout"
+    # the entry answered a sensitive slot: only the engine may see ``keys`` (the caller's
+    # text for records is ``[redacted N digits]``, see agent.redaction)
+    sensitive: bool = False
 
 
 def _slot_value(slot: SlotSpec, words: Sequence[str]) -> str | None:
@@ -157,6 +161,17 @@ class DialogueEngine:
         twin._filled = dict(self._filled)
         return twin
 
+    @property
+    def collecting_sensitive(self) -> bool:
+        """A ``sensitive`` slot is being asked for: what the caller says or keys now must
+        leave no trace (the engine alone gets it; its own transcript, which an LLM reads,
+        holds ``[redacted N digits]``)."""
+        return self._pending is not None and self.profile.slots[self._pending].sensitive
+
+    def _heard(self, text: str) -> None:
+        self.transcript.append(("caller", sensitive_text(text) if self.collecting_sensitive
+                                else text))  # fmt: skip
+
     def greeting(self) -> list[ReplyPart]:
         return [Say(self.profile.greeting.render(self._vars))]
 
@@ -182,7 +197,7 @@ class DialogueEngine:
         """One caller turn (the ASR text)."""
         if self.ended or not text.strip():
             return
-        self.transcript.append(("caller", text.strip()))
+        self._heard(text.strip())
         if closing := self._time_up():
             for part in closing:
                 yield part
@@ -230,8 +245,8 @@ class DialogueEngine:
         grace, self._hash_until = self._hash_until, None
         if digit == "#" and grace is not None and now <= grace:
             return None  # the terminator of an entry already complete
-        if closing := self._time_up():
-            return KeyTurn(digit, closing)
+        if closing := self._time_up():  # a key into a sensitive slot's entry stays masked
+            return KeyTurn(digit, closing, sensitive=self.collecting_sensitive)
         slot = self.profile.slots[self._pending] if self._pending else None
         if slot is not None and slot.kind == "digits":
             if digit == "*":
@@ -279,11 +294,11 @@ class DialogueEngine:
     def _entry(self, slot: SlotSpec, ended_by: str) -> KeyTurn:
         """A digits slot's keypad entry is over: fill the slot, or say its retry."""
         value, self._keys, self._key_at = self._keys, "", None
-        self.transcript.append(("caller", f"(keypad {value})"))
+        self._heard(f"(keypad {value})")
         ok = slot.min_length <= len(value) <= slot.max_length
         parts = self._fill(value) if ok else self._miss(slot.retry.render(self._vars))
         self.turns += 1
-        return KeyTurn(value, parts + self._after_turn(), ended_by)
+        return KeyTurn(value, parts + self._after_turn(), ended_by, sensitive=slot.sensitive)
 
     # -- rules -------------------------------------------------------------------------
 

@@ -104,7 +104,9 @@ def parse_template(source: str) -> Template:
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """A value the dialogue collects: ``digits`` (spoken or keyed) or ``yes_no``."""
+    """A value the dialogue collects: ``digits`` (spoken or keyed) or ``yes_no``.
+    While a ``sensitive`` slot is asked for, the bridge keeps no trace of the caller's
+    input (records, events, logs, recording); the engine still gets the value."""
 
     name: str
     kind: Literal["digits", "yes_no"]
@@ -114,6 +116,8 @@ class SlotSpec:
     max_length: int = 20
     # keypad entry: no key for this long ends the entry (as '#' does)
     digit_timeout_s: float = 3.0
+    # a PIN or a card number: never stored, sent or spoken back (see agent.redaction)
+    sensitive: bool = False
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     | {"max_tokens": _INT},
     "slots.*": _keys(_STR, "type prompt retry")
     | _keys(_INT, "min_length max_length")
-    | {"digit_timeout_s": _NUM},
+    | {"digit_timeout_s": _NUM, "sensitive": _BOOL},
     "intents.*": _ACTIONS
     | _keys(_LIST, "keywords patterns examples slots")
     | _keys(_STR, "dtmf not_found")
@@ -104,6 +104,7 @@ class _Loader:
 
     def __init__(self, path: str, text: str) -> None:
         self.path, self.text = path, text
+        self.sensitive: set[str] = set()  # slots no template may speak back
 
     def fail(self, section: str, key: str | None, message: str) -> NoReturn:
         dotted = f"{section}.{key}" if key else section
@@ -133,6 +134,9 @@ class _Loader:
             t = parse_template(source)
         except ValueError as exc:
             self.fail(section, key, str(exc))
+        for name in sorted(t.names & self.sensitive):
+            self.fail(section, key, f"slot {name!r} is sensitive: a reply may not repeat it "
+                      "(what the agent says is recorded and stored)")  # fmt: skip
         for name in sorted(t.names - known):
             self.fail(section, key, f"unknown placeholder {{{name}}}; known: {sorted(known)}")
         return t
@@ -182,7 +186,11 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
         for part in (raw, raw.get("no", {})):
             set_names |= set(part.get("set", {}))
     known = set(BUILTINS) | set(variables) | set_names
-    slots = _build_slots(ld, data.get("slots", {}), known)
+    raw_slots = data.get("slots", {})
+    if isinstance(raw_slots, dict):
+        secret = (n for n, s in raw_slots.items() if isinstance(s, dict) and s.get("sensitive"))
+        ld.sensitive = set(secret)
+    slots = _build_slots(ld, raw_slots, known)
     intents = tuple(
         _build_intent(ld, name, raw, known, slots, tables) for name, raw in raw_intents.items()
     )
@@ -368,7 +376,10 @@ def _build_slots(ld: _Loader, raw: Any, known: set[str]) -> dict[str, SlotSpec]:
         if "digit_timeout_s" in spec and kind != "digits":
             ld.fail(sec, "digit_timeout_s", "only a digits slot has keypad entry")
         ld.number(sec, "digit_timeout_s", timeout, 1, 30)
-        out[name] = SlotSpec(name, kind, prompt, retry, lo, hi, timeout)
+        sensitive = spec.get("sensitive", False)
+        if sensitive and kind != "digits":
+            ld.fail(sec, "sensitive", "only a digits slot can be sensitive (a PIN, a card number)")
+        out[name] = SlotSpec(name, kind, prompt, retry, lo, hi, timeout, sensitive)
     return out
 
 

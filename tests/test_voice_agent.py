@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
@@ -63,8 +64,8 @@ FRAME = 160
 BARGE_TICKS = 13  # the demo's min_speech_ms = 250: 13 ticks of 20 ms
 GREETING = [
     "Thanks for calling Acme Support.",
-    "You can ask about our opening hours, your order, or ask for a person.",
-    "Or press 1 for opening hours, 2 for order status, or 0 for a person.",
+    "You can ask about our opening hours, your order, pay a bill, or ask for a person.",
+    "Or press 1 for opening hours, 2 for order status, 3 to pay a bill, or 0 for a person.",
 ]
 
 
@@ -385,9 +386,10 @@ async def test_barge_in_cuts_the_reply_and_keeps_the_callers_words() -> None:
         assert c.out.flushes == []
         await c.tick(1, OUR_RMS)
         assert c.out.flushes == [30 + BARGE_TICKS]
-        # heard: sentence 1, and of the 14 words of sentence 2 the share played (41 %)
+        # heard: sentence 1, and of the 17 words of sentence 2 the share played (34 %)
         played = (30 + BARGE_TICKS) * FRAME - _len8k(GREETING[:1])
-        words = GREETING[1].split()[: int(14 * played / _len8k(GREETING[1:2]))]
+        n = len(GREETING[1].split())
+        words = GREETING[1].split()[: int(n * played / _len8k(GREETING[1:2]))]
         assert words == ["You", "can", "ask", "about", "our"]
         assert c.transcript == [("agent", f"{GREETING[0]} {' '.join(words)} ...")]
         # the caller's words so far went to the ASR: the pre-roll, 27 frames of 20 ms
@@ -671,3 +673,57 @@ async def test_words_over_a_held_reply_are_a_barge_in_and_a_turn() -> None:
             ("caller", "when are you open"),
             ("agent", HOURS),
         ]
+
+
+@aio
+async def test_a_sensitive_slot_turn_is_reported_and_logged_without_its_digits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The demo's payment: the card number said aloud reaches the engine (its lookup finds
+    the card), while what the agent reports for records and events, and logs, is only how
+    many digits there were."""
+    spoken = "four" + " one" * 15
+    with caplog.at_level(logging.DEBUG):
+        async with Call() as c:
+            await c.turn("I would like to pay my bill")
+            await c.drain()
+            assert c.agent.sensitive, "asking for the card: the bridge mutes and masks"
+            await c.turn(spoken)
+            await c.drain()
+            assert not c.agent.sensitive
+            assert c.models.spoken[-1].startswith("Thank you. Your payment with your Visa card")
+            reports = [a for _, a in c.out.of("emit") if isinstance(a, TurnCompleted)]
+    assert [r.caller_text for r in reports] == [
+        "I would like to pay my bill",
+        "[redacted 16 digits]",
+    ]
+    assert c.agent.turns[-1].text == spoken  # the agent's own view still has it
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "caller: [redacted 16 digits]" in logged and "one one" not in logged
+
+
+@aio
+async def test_a_keyed_sensitive_slot_leaves_the_next_spoken_turn_as_it_was() -> None:
+    """Keys fill the slot without a word: the caller's next turn, spoken once the slot is
+    filled, is reported as said (only speech while the slot is asked for is redacted)."""
+    async with Call() as c:
+        c.agent.on_event(DtmfEvent("3"))
+        await c.until(lambda: c.agent.sensitive, "the card asked for")
+        await c.drain()
+        for key in "4111111111111111":
+            c.agent.on_event(DtmfEvent(key))
+            await c.tick(2)
+        await c.until(lambda: not c.agent.sensitive, "the slot filled")
+        await c.drain()
+        assert c.models.spoken[-1].startswith("Thank you. Your payment with your Visa card")
+        await c.turn("What are your opening hours?")
+        await c.drain()
+        reports = _turns_reported(c)
+    # the keypad turns are turns too (issue 15): the card's only as how many keys there were
+    assert [(r.caller_text, r.input, r.keys) for r in reports] == [
+        ("(keypad 3)", "keypad", "3"),
+        ("[redacted 16 digits]", "keypad", "*" * 16),
+        ("What are your opening hours?", "speech", ""),
+    ]
+    assert c.agent.turns[1].text == "(keypad 4111111111111111)"  # the agent's own view
+    assert ("caller", "[redacted 16 digits]") in c.transcript  # what an LLM would read
