@@ -139,6 +139,7 @@ class DialogueEngine:
         self.transcript: list[tuple[str, str]] = []
         self.turns = 0
         self.misses = 0  # in a row
+        self.last_missed = False  # the last turn was not understood (a fallback, a retry)
         self.ended = False  # after a hang-up or transfer
         self._vars = {"caller": "", "callee": ""} | dict(profile.variables) | dict(variables)
         self._clock = clock
@@ -195,6 +196,7 @@ class DialogueEngine:
 
     async def respond(self, text: str) -> AsyncIterator[ReplyPart]:
         """One caller turn (the ASR text)."""
+        self.last_missed = False
         if self.ended or not text.strip():
             return
         self._heard(text.strip())
@@ -384,6 +386,7 @@ class DialogueEngine:
         """Not understood: the fallback (or ``text``); after N in a row, escalate."""
         fb = self.profile.fallback
         self.misses += 1
+        self.last_missed = True
         if fb.escalate_after and self.misses >= fb.escalate_after:
             self._intent, self._pending, self.misses, self.ended = None, None, 0, True
             parts: list[ReplyPart] = []

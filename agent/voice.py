@@ -68,6 +68,12 @@ LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length lim
 FRAME_MS = 20
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
 MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
+# A reply to words the dialogue did not understand (a fallback, a slot's retry) waits until
+# the caller has been quiet this long: not understood often means not finished ("Hi, I'd
+# like to ask about [pause] my order"), and "Sorry, I didn't catch that" in a pause is
+# heard even when the merge stops it. 1.2 s: a pause between sentences, and under the
+# 1.5 s of dead air a caller who had finished may wait (no filler plays meanwhile).
+MISS_HOLD_TICKS = 60
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
@@ -203,6 +209,9 @@ class VoiceAgent(Agent):
         self._speech_ticks = 0  # ticks of speech in the current turn
         self._run = 0  # consecutive speech ticks (barge-in)
         self._last_speech_t = 0.0
+        self._speech_tick = 0  # the tick of the caller's last speech
+        self._ticked = asyncio.Event()  # set by each tick
+        self._holding = False  # a reply to words not understood waits (MISS_HOLD_TICKS)
         self._turn: TurnTiming | None = None
         self._busy = False  # a reply is being produced or played
         self._cancel = threading.Event()  # TTS of the current reply stops between sentences
@@ -248,6 +257,7 @@ class VoiceAgent(Agent):
 
     def on_audio(self, pcm: NDArray[np.int16]) -> None:
         self._tick += 1
+        self._ticked.set()
         if self._user_speaking and not self._sensitive_heard:  # words said while a
             self._sensitive_heard = self.sensitive  # sensitive slot is asked for
         if self._tick % LIMITS_EVERY == 0 and self.engine is not None:
@@ -273,6 +283,7 @@ class VoiceAgent(Agent):
             return
         if self._user_speaking:
             self._last_speech_t = now
+            self._speech_tick = self._tick
             self._speech_ticks += 1
         if self._confirmed:
             self._run += 1
@@ -583,16 +594,19 @@ class VoiceAgent(Agent):
                 await asyncio.wait({spec.task, heard}, return_when=asyncio.FIRST_COMPLETED)
                 heard.cancel()
             timing.asr_done, timing.text = spec.asr_done, spec.text
-            if gen != self._gen:  # the caller went on talking before we answered: it was a
-                if not spec.aborted:  # pause; these words open the next turn (unless the
-                    self._carry = spec.abort()  # merge that stopped us carried them)
-                self._sensitive_heard = self._sensitive_heard or timing.sensitive  # and so
+            if gen != self._gen:  # the caller went on talking before we answered
+                self._went_on(spec, timing)
                 return
             if not spec.heard.is_set() or not spec.text:
                 self._busy = False
                 return
             if not spec.task.done():  # a prepared reply goes out without a loop turn
                 await asyncio.shield(spec.task)
+            if spec.engine.last_missed:  # not understood: perhaps not finished either
+                await self._caller_quiet(gen, MISS_HOLD_TICKS)
+            if gen != self._gen:  # the caller went on meanwhile (the engine is still the
+                self._went_on(spec, timing)  # one from before the turn)
+                return
         except asyncio.CancelledError:
             spec.task.cancel()
             raise
@@ -601,6 +615,24 @@ class VoiceAgent(Agent):
         log.info("caller: %s", timing.caller_text)
         parts = _chain(spec.head, spec.rest)
         await self._play_parts(parts, timing, first=spec.first_audio)
+
+    def _went_on(self, spec: Speculation, timing: TurnTiming) -> None:
+        """The caller went on before we answered: it was a pause; these words open the next
+        turn (unless the merge that stopped us carried them), and so does their mark."""
+        if not spec.aborted:
+            self._carry = spec.abort()
+        self._sensitive_heard = self._sensitive_heard or timing.sensitive
+
+    async def _caller_quiet(self, gen: int, ticks: int) -> None:
+        """Until the caller has been quiet for ``ticks`` (speech starts the count afresh),
+        or reply ``gen`` was stopped."""
+        self._holding = True
+        try:
+            while gen == self._gen and not self._closed and self._tick - self._speech_tick < ticks:
+                self._ticked.clear()
+                await self._ticked.wait()
+        finally:
+            self._holding = False
 
     # -- speaking --------------------------------------------------------------------------
 
@@ -753,7 +785,7 @@ class VoiceAgent(Agent):
             return
         audio, gap = self.flow.tick(
             now, played=self.playout.last_played > 0, replying=self._busy,
-            queued=self.playout.playing, caller=self._user_speaking,
+            queued=self.playout.playing, caller=self._user_speaking, holding=self._holding,
         )  # fmt: skip
         self._dead_air(gap)
         if audio is not None:

@@ -62,6 +62,7 @@ AMP = 8000.0  # TTS tone amplitude
 OUR_RMS = AMP / np.sqrt(2)  # the reply's level on the line (the resampler passes 500 Hz)
 FRAME = 160
 BARGE_TICKS = 13  # the demo's min_speech_ms = 250: 13 ticks of 20 ms
+MISS_HOLD = voice_module.MISS_HOLD_TICKS  # a reply to words not understood waits this long
 GREETING = [
     "Thanks for calling Acme Support.",
     "You can ask about our opening hours, your order, pay a bill, or ask for a person.",
@@ -306,9 +307,11 @@ class Call:
             await self.tick()
         raise AssertionError("the reply never finished playing")
 
-    async def turn(self, text: str, *, wait_tts: bool = True) -> int:
+    async def turn(self, text: str, *, wait_tts: bool = True, quiet: int = 0) -> int:
         """The caller speaks 8 ticks, falls silent, the end-of-turn model agrees and the ASR
-        says ``text``; returns the index in writes where the reply starts."""
+        says ``text``, then ``quiet`` more silent ticks (a reply to words not understood
+        waits for MISS_HOLD_TICKS of them); returns the index in writes where the reply
+        starts."""
         self.models.asr_texts.append(text)
         self.vad(True, True)
         await self.tick(8, 2000)
@@ -318,6 +321,7 @@ class Call:
         n_spoken, n_writes = len(self.models.spoken), len(self.out.writes)
         await self.tick()
         await self.until(lambda: bool(self.agent.turns) and self.agent.turns[-1].asr_done > 0)
+        await self.tick(quiet)
         if text and wait_tts:
             m = self.models
             await self.until(lambda: len(m.spoken) > n_spoken == m.finished - 1, "the TTS")
@@ -578,7 +582,7 @@ async def test_caller_going_on_within_a_second_of_the_reply_is_one_turn() -> Non
     a reply began; the caller goes on within 1 s. The reply stops, the two halves are one
     turn, answered once, and the record has that one turn."""
     async with Call() as c:
-        await c.turn("I would like to ask about")
+        await c.turn("I would like to ask about", quiet=MISS_HOLD)
         assert c.models.spoken[-1].startswith("Sorry, I didn't catch that")
         await c.tick(10)  # 200 ms of the fallback reply played
         c.vad(True, True)
@@ -600,6 +604,31 @@ async def test_caller_going_on_within_a_second_of_the_reply_is_one_turn() -> Non
         ]
 
 
+@aio
+async def test_a_reply_to_words_not_understood_waits_for_a_longer_pause() -> None:
+    """Not understood often means not finished: the apology waits until the caller has
+    been quiet MISS_HOLD_TICKS (no filler meanwhile); if they go on, nothing was said and
+    the halves are one turn. An understood turn is answered at once (the other tests)."""
+    async with Call() as c:
+        n = await c.turn("I would like to ask about", wait_tts=False)
+        await c.tick(MISS_HOLD - 10)  # the turn ended 3 ticks after the last speech
+        assert len(c.out.writes) == n and c.agent.flow.fillers == 0  # quiet, no filler
+        c.vad(True, True)  # the caller goes on
+        await c.tick(BARGE_TICKS, 2000)
+        assert c.agent.merges == 1 and c.agent.barge_ins == 0 and len(c.out.writes) == n
+        await c.turn("my order, please")
+        assert c.models.spoken[-1] == ORDER_PROMPT
+        await c.drain()
+        (turn,) = _turns_reported(c)
+        assert turn.caller_text == "I would like to ask about my order, please"
+        assert not any(text.startswith("Sorry") for text in c.models.spoken)
+    async with Call() as c:  # they had finished: the apology, after the longer pause
+        n = await c.turn("I would like to ask about", quiet=MISS_HOLD)
+        assert c.models.spoken[-1].startswith("Sorry, I didn't catch that")
+        await c.tick(5)
+        assert len(c.out.writes) > n and c.agent.flow.fillers == 0
+
+
 def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -611,7 +640,7 @@ def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
 @aio
 async def _talk_over_late() -> None:
     async with Call(no_backchannels()) as c:
-        await c.turn("I would like to ask about")
+        await c.turn("I would like to ask about", quiet=MISS_HOLD)
         await c.tick(25)  # 500 ms of the reply played: past the window
         c.vad(True, True)
         await c.tick(BARGE_TICKS, OUR_RMS)
