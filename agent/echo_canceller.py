@@ -35,7 +35,12 @@ place that cancels far better, and takes out at least half of what came back, is
 moved by that many frames (the caller's speech, the same in every trial, cannot make one
 better), and both filters move there, converged at once (:attr:`shifts`). During such a
 spell neither filter learns for a few blocks: the background would learn the echo's absence
-at the old delay, and the foreground, the one that moves, would take it.
+at the old delay, and the foreground, the one that moves, would take it. Nor while what
+comes back is a hole, 10 dB or more under the echo expected (a phone muted, its jitter
+buffer growing, an echo suppressor clamping): learning that absence forgot the echo, and
+learning it again took 1-2.5 s once it was back (2-7 dB taken out in the first second
+after a 1 s hole, against 30 dB before it). The filters wait through up to 2 s of a hole
+unchanged.
 """
 
 from __future__ import annotations
@@ -58,6 +63,8 @@ _SHIFT_TRIGGER = 0.1  # the foreground leaves over this share of what came back:
 _SHIFT_BETTER = 0.25  # a place is taken when it leaves a quarter (6 dB) of the error or less
 _SHIFT_BLOCKS = 2  # ... over this many blocks in a row (one block can be chance)
 _SHIFT_HOLD = 8  # blocks of a spell of poor cancelling with no background promoted
+_HOLE = 0.1  # what came back is under this share of the echo expected: the echo is missing
+_HOLE_HOLD = 100  # blocks (2 s) of missing echo the filters wait through unchanged
 _SHIFT_FLOOR = 1e-6 * 32768.0**2  # per sample: what came back (or was expected) >= -60 dBFS
 _IDLE, _TRYING, _MOVED = 0, 1, 2
 _QUIET_REF = 1e-6 * 32768.0**2  # per sample: reference under -60 dBFS teaches nothing
@@ -120,6 +127,7 @@ class EchoCanceller:
         self._shift_evidence = 0  # ... in which something came back
         self._shift_mic = 0.0  # what came back in them (smoothed as _shift_err)
         self._shift_from = 0  # the echo's first partition when the spell began
+        self._hole_blocks = 0  # blocks in a row in which our echo was missing (see _follow)
 
     @property
     def _span(self) -> tuple[int, int]:
@@ -183,15 +191,19 @@ class EchoCanceller:
         less (smoothed over the last blocks, _SHIFT_BLOCKS at least), and cancels half of
         what came back, move the filters (and the locator's statistics) there. Returns
         _MOVED, _TRYING (the first blocks of such a spell: the background, learning the
-        echo's absence at the old delay, must not replace the foreground, the one to move)
-        or _IDLE."""
+        echo's absence at the old delay, must not replace the foreground, the one to move;
+        and any block of a hole, up to _HOLE_HOLD in a row) or _IDLE."""
         s_dd = float(np.dot(mic, mic))
         s_ee = float(np.dot(err, err))
-        if (
-            s_ee <= _SHIFT_TRIGGER * s_dd
-            or max(s_dd, s_ee) < _SHIFT_FLOOR * self.block
-            or not self.adapted
-        ):
+        floor = _SHIFT_FLOOR * self.block
+        if max(s_dd, s_ee) < floor or not self.adapted:  # nothing expected, nothing came
+            self._shift_blocks = 0
+            return _IDLE
+        estimate = mic - err
+        missing = s_dd < _HOLE * float(np.dot(estimate, estimate))
+        if not missing:
+            self._hole_blocks = 0
+        if s_ee <= _SHIFT_TRIGGER * s_dd:
             self._shift_blocks = 0
             return _IDLE
         lo, hi = self._span
@@ -200,8 +212,13 @@ class EchoCanceller:
             self._shift_mic = 0.0
             self._shift_evidence = 0
             self._shift_from = lo
+        if missing:
+            # a hole: no evidence of where the echo is, nor that it moved; the spell counts
+            # from when something comes back
+            self._hole_blocks += 1
+            return _TRYING if self._hole_blocks <= _HOLE_HOLD else _IDLE
         self._shift_blocks += 1
-        if s_dd < _SHIFT_FLOOR * self.block:  # nothing came back: no evidence of where
+        if s_dd < floor:  # nothing came back: no evidence of where
             return _TRYING if self._shift_blocks <= _SHIFT_HOLD else _IDLE
         self._shift_evidence += 1
         n, p, w = self.block, self.partitions, hi - lo

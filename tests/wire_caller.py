@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from line_echo import LineEcho
 from numpy.typing import NDArray
 from transferee import ReferableCall, Transferee
 
@@ -104,15 +105,15 @@ class WireCaller:
         self._outbox: DtmfOutbox | None = None
         self._pressing: str | None = None
         self.target = target
-        self._echo_gain = None if echo_db is None else 10 ** (-echo_db / 20)
-        # line_echo: what we hear, placed by RTP timestamp on our own sample clock, 60 ms
+        # the echo: what we hear, placed by RTP timestamp on our own sample clock, 60 ms
         # behind and deeper after a late packet (a phone's jitter buffer): the echo's
         # delay then stays what it is, whatever the packets' arrival jitter
         self._playout: dict[int, NDArray[np.int16]] = {}  # frame index on our clock
         self._ts0: int | None = None
         self._frame0 = 0
         self._sent_frames = 0
-        self._echo_frames = max(1, echo_delay_ms // 20)
+        if line_echo is None and echo_db is not None:  # a flat echo path
+            line_echo = LineEcho(echo_db, echo_delay_ms, colour=None)
         self._line_echo = line_echo
         self.codec = codec
         self.host = host
