@@ -49,7 +49,7 @@ from agent.base import (
 from agent.call_flow import CallFlow
 from agent.dialogue import DialogueEngine, Hangup, KeyTurn, ReplyPart, Say, SendDtmf, Transfer
 from agent.model_guard import ModelGuard
-from agent.profile import AgentProfile
+from agent.profile import AgentProfile, normalize
 from agent.redaction import sensitive_text
 from agent.reply_playout import ReplyPlayout
 from agent.speculation import Speculation
@@ -75,6 +75,7 @@ MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a
 # 1.5 s of dead air a caller who had finished may wait (no filler plays meanwhile).
 MISS_HOLD_TICKS = 60
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
+UNHEARD_BACKCHANNEL_MS = 500  # speech since a hold the ASR made nothing of: a hum up to this
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
 
@@ -224,6 +225,7 @@ class VoiceAgent(Agent):
         self._spec: Speculation | None = None  # a reply being prepared during a pause
         self._undo: _Undo | None = None  # the turn being answered, while it can merge
         self._held: _Held | None = None  # a reply held for a possible backchannel
+        self._voice_from: int | None = None  # the tick this reply began to go out
         self._quiet = 0  # ticks since the caller's last speech
         self._sensitive_heard = False  # the caller spoke while a sensitive slot was asked
         # the caller's audio while we talk: replayed into the ASR if they barge in
@@ -267,6 +269,8 @@ class VoiceAgent(Agent):
         now = time.monotonic()
         # the caller's side less the echo of what went out this tick: all we listen to
         pcm = self.gate.process(pcm, self.playout.play(pcm.size))
+        if self._busy and self._voice_from is None and self.playout.last_played:
+            self._voice_from = self._tick
         self._flow_tick(now)
         if self._drained is not None and not self.playout.playing:
             self._drained.set()
@@ -421,7 +425,11 @@ class VoiceAgent(Agent):
             undo is not None,
         )
         if undo is None or (undo.reply_tick is not None and onset - undo.reply_tick > MERGE_TICKS):
-            if self.profile.barge_in.backchannels:
+            # a backchannel acknowledges what we said: a caller who began before any of
+            # the reply was on the wire (who talks first, over the greeting's start) is
+            # taking the floor
+            heard_us = self._voice_from is not None and onset >= self._voice_from
+            if self.profile.barge_in.backchannels and heard_us:
                 self._hold()  # perhaps only "uh-huh": known when they pause
             else:
                 self._barge_in()
@@ -445,6 +453,7 @@ class VoiceAgent(Agent):
         """Stop what we are saying (fading out on the wire), listen again; returns the part
         of it that was heard."""
         self._held = None
+        self._voice_from = None
         self._gen += 1
         self.gate.forget_recent()
         self._cancel.set()
@@ -499,7 +508,9 @@ class VoiceAgent(Agent):
             text = probe.result()
         except Exception:  # the guard reports a failed model; here: not understood
             text = ""
-        if is_backchannel(text, self.profile.barge_in.backchannels):
+        # nothing made out is a hum, if short; a longer utterance the ASR missed was words
+        unheard_words = held.speech * FRAME_MS > UNHEARD_BACKCHANNEL_MS and not normalize(text)
+        if not unheard_words and is_backchannel(text, self.profile.barge_in.backchannels):
             self._resume(text)
         else:
             shown = sensitive_text(text) if self.sensitive else text  # a PIN said over the
@@ -527,6 +538,7 @@ class VoiceAgent(Agent):
             return
         self.barge_ins += 1
         self._undo = None
+        self._voice_from = None
         self._gen += 1  # the held reply's task and synthesis stop
         self._cancel.set()
         heard = self.playout.cut()
@@ -647,6 +659,7 @@ class VoiceAgent(Agent):
         by the TTS (a speculation's)."""
         self._commit_hold()  # a key, a command: the held reply is not going on
         self._busy = True
+        self._voice_from = None
         self._cancel = threading.Event()
         gen = self._gen
         try:
@@ -678,6 +691,7 @@ class VoiceAgent(Agent):
                     if self._undo is not None and self._undo.timing is timing:
                         self._undo = None  # answered in full: a turn of its own
                 self._busy = False
+                self._voice_from = None
                 self._speech_ticks = self._run  # our own echo is not the caller's turn
 
     async def _say(

@@ -212,7 +212,7 @@ def running(installed: Installed, tmp_path: Path) -> Iterator[tuple[subprocess.P
     work.mkdir()
     proc = subprocess.Popen(
         [installed.bin("sip-bridge"), "run", "--listen", f"127.0.0.1:{port}", "--http", "off",
-         "--rtp-ports", "47600-47699"],
+         "--rtp-ports", "47600-47699", "-v"],
         cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env=_env(SIP_BRIDGE_DATA=str(tmp_path / "data")),
     )  # fmt: skip
@@ -262,9 +262,9 @@ def test_the_wheel_answers_a_call_with_the_demo_agent(
     assert call.returncode == 0, call.stdout + call.stderr
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
-    text = _transcribe(heard)
-    assert "monday" in text and "friday" in text, text
     err = proc.stderr.read() if proc.stderr else ""
+    text = _transcribe(heard)
+    assert "monday" in text and "friday" in text, (text, err[-4000:])  # the bridge's side
     assert "Traceback" not in err, err
     assert "an installed wheel runs it as Python" in err  # the media path, and why
 

@@ -705,6 +705,47 @@ async def test_words_over_a_held_reply_are_a_barge_in_and_a_turn() -> None:
 
 
 @aio
+async def test_a_caller_who_talks_before_the_greeting_is_heard_takes_the_floor() -> None:
+    """Speech before any of the greeting went out acknowledges nothing: no hold for a
+    backchannel (which would start the greeting over their question once they pause and
+    lose the question if the ASR made nothing of its first words), a barge-in at once."""
+    c = Call(greeted=False)
+    c.models.hold = {GREETING[0]}  # the greeting's first sentence is still being made
+    async with c:
+        await c.until(lambda: c.models.holding == 1, "the greeting's TTS")
+        await c.tick(10)  # the line's quiet, then the caller
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, 2000)
+        assert c.agent.barge_ins == 1 and c.models.asr_texts == deque()  # no probe asked
+        c.models.release.set()
+        c.models.asr_texts.append("when are you open")
+        await c.tick(8, 2000)
+        c.vad(False, False)
+        await c.tick(2)
+        c.models.eot.fire = "model"
+        await c.tick()
+        await c.until(lambda: bool(c.models.spoken) and c.models.spoken[-1] == HOURS, "answer")
+        assert c.transcript[0] == ("caller", "when are you open")
+
+
+@aio
+async def test_a_long_utterance_the_asr_made_nothing_of_is_no_backchannel() -> None:
+    """Nothing made out counts as a hum only while short: over half a second of speech
+    the ASR missed was words (a quiet caller), so the held reply is dropped for their turn."""
+    async with Call(greeted=False) as c:
+        await c.tick(30)  # into the second sentence
+        c.models.asr_texts.extend(["", ""])  # the probe; a speculation once it is a turn
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        await c.tick(30, OUR_RMS)  # 600 ms more, held
+        writes = len(c.out.writes)
+        c.vad(False, False)
+        await c.tick(4)
+        await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
+        assert c.agent.backchannels == 0 and len(c.out.writes) == writes  # nothing resumed
+
+
+@aio
 async def test_a_sensitive_slot_turn_is_reported_and_logged_without_its_digits(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
