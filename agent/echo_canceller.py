@@ -201,9 +201,8 @@ class EchoCanceller:
             return _IDLE
         estimate = mic - err
         missing = s_dd < _HOLE * float(np.dot(estimate, estimate))
-        if not missing:
+        if s_ee <= _SHIFT_TRIGGER * s_dd:  # (never so in a hole)
             self._hole_blocks = 0
-        if s_ee <= _SHIFT_TRIGGER * s_dd:
             self._shift_blocks = 0
             return _IDLE
         lo, hi = self._span
@@ -212,14 +211,13 @@ class EchoCanceller:
             self._shift_mic = 0.0
             self._shift_evidence = 0
             self._shift_from = lo
-        if missing:
-            # a hole: no evidence of where the echo is, nor that it moved; the spell counts
-            # from when something comes back
-            self._hole_blocks += 1
-            return _TRYING if self._hole_blocks <= _HOLE_HOLD else _IDLE
         self._shift_blocks += 1
+        # a hole: what came back is far under the echo expected; the filters wait (only
+        # that: what little came back is still evidence of where the echo went)
+        self._hole_blocks = self._hole_blocks + 1 if missing else 0
+        hold = _TRYING if self._hole_blocks and self._hole_blocks <= _HOLE_HOLD else _IDLE
         if s_dd < floor:  # nothing came back: no evidence of where
-            return _TRYING if self._shift_blocks <= _SHIFT_HOLD else _IDLE
+            return _TRYING if self._shift_blocks <= _SHIFT_HOLD else hold
         self._shift_evidence += 1
         n, p, w = self.block, self.partitions, hi - lo
         # the echo's partitions placed at q = 0 .. p - w, all at once: the estimate of each
@@ -240,7 +238,7 @@ class EchoCanceller:
         ):
             self._move(best - lo)
             return _MOVED
-        return _TRYING if self._shift_blocks <= _SHIFT_HOLD else _IDLE
+        return _TRYING if self._shift_blocks <= _SHIFT_HOLD else hold
 
     def _move(self, k: int) -> None:
         """The echo now comes ``k`` blocks later (earlier, if negative): so do the filters
