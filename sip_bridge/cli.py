@@ -230,6 +230,10 @@ def check_config(file: str | None) -> int:
         f"{len(config.routes)} route(s), {len(profiles)} agent profile(s)",
         flush=True,
     )
+    for profile in profiles:
+        print(f"  profile loaded: {profile}", flush=True)
+    for warning in config.warnings:
+        print(f"warning: {warning}", flush=True)
     return 0
 
 
@@ -301,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"sip-bridge: {exc}", file=sys.stderr)
         return 2
     logs.configure(config.log.format, config.log.level, verbose=args.verbose)
+    for warning in config.warnings:  # allowed, but probably not what the operator meant
+        logging.getLogger("sip_bridge.config").warning("%s", warning)
     try:
         return asyncio.run(_serve(args, choice, config))
     except (

@@ -102,7 +102,7 @@ MEANINGS: dict[str, str] = {
     "records.recordings_dir": "a stereo WAV per call here (caller left, agent right); empty: off",
     "metrics.listen": "`HOST:PORT` of `/metrics` and `/healthz`; empty: off",
     "http.listen": "`HOST:PORT` of the talk page (`/talk`) and the operator console"
-    " (`/console`); empty: off (the shipped file: `127.0.0.1:8088`)",
+    " (`/console`); empty: off",
     "http.ice_addresses": "IP addresses WebRTC media may use (host candidates, never STUN);"
     " empty: the listen address, or every host address when listening on `0.0.0.0`/`::`",
     "http.operator_token_env": "environment variable holding the operator token that console"

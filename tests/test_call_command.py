@@ -45,7 +45,7 @@ def _read_wav(path: Path) -> tuple[np.ndarray, int]:
 
 
 def _config() -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     return replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),

@@ -20,7 +20,7 @@ def test_the_talk_page_offers_the_default_each_route_and_the_profiles_beside_it(
     demo = agents / "demo.toml"
     for name in ("demo", "sales", "billing"):
         (agents / f"{name}.toml").write_text((ROOT / "config/agents/demo.toml").read_text())
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     cfg = dataclasses.replace(
         base,
         agent=dataclasses.replace(base.agent, name="voice", voice_profile=str(demo)),
