@@ -24,7 +24,15 @@ from types import MappingProxyType
 from typing import TypeAlias
 
 from agent.llm import LlmClient
-from agent.profile import DTMF_KEYS, Actions, AgentProfile, Intent, SlotSpec, normalize
+from agent.profile import (
+    DTMF_KEYS,
+    Actions,
+    AgentProfile,
+    Intent,
+    SlotSpec,
+    normalize,
+    parse_template,
+)
 from agent.sentences import SentenceBuffer
 from agent.spoken_numbers import digit_runs, yes_no
 
@@ -358,8 +366,8 @@ class DialogueEngine:
             parts.append(Say(text))
         if acts.send_dtmf:
             parts.append(SendDtmf(acts.send_dtmf))
-        if acts.transfer:
-            parts.append(Transfer(acts.transfer))
+        if acts.transfer:  # a template of slots and variables; the bridge checks the result
+            parts.append(Transfer(parse_template(acts.transfer).render(values)))
         elif acts.hangup:
             parts.append(Hangup("intent"))
         self.ended = bool(acts.transfer or acts.hangup)
@@ -375,6 +383,7 @@ class DialogueEngine:
             if fb.escalate_reply is not None:
                 parts.append(Say(fb.escalate_reply.render(self._vars)))
             target = fb.escalate_transfer
+            target = parse_template(target).render(self._vars) if target else ""
             parts.append(Transfer(target) if target else Hangup("too many misses"))
             return parts
         if text is None:

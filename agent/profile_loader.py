@@ -35,6 +35,7 @@ from agent.profile import (
     normalize,
     parse_template,
 )
+from agent.transfer_target import target_problem
 from agent.voice_settings import SPEECH_LANGUAGES
 
 __all__ = ["load"]
@@ -104,6 +105,20 @@ class _Loader:
 
     def __init__(self, path: str, text: str) -> None:
         self.path, self.text = path, text
+        self.variables: dict[str, str] = {}  # [variables]: known before any call
+
+    def transfer(self, section: str, key: str, source: str, known: set[str]) -> str:
+        """A transfer target: literal, or a template of known names. One that the file
+        alone decides ([variables] only) is checked now; one with a slot or a caller's
+        value is checked by the bridge when the call reaches it."""
+        t = self.template(section, key, source.strip(), known)
+        if t.names <= set(self.variables):
+            value = t.render(self.variables)
+            why = target_problem(value)
+            if why:
+                said = f"{source.strip()!r} gives {value!r}: " if t.names else ""
+                self.fail(section, key, said + why)
+        return source.strip()
 
     def fail(self, section: str, key: str | None, message: str) -> NoReturn:
         dotted = f"{section}.{key}" if key else section
@@ -172,6 +187,7 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
     variables = {
         k: str(v) for k, v in ld.table("variables", data.get("variables", {}), "variables").items()
     }
+    ld.variables = variables
     tables = _build_data(ld, data.get("data", {}))
     raw_intents = data.get("intents", {})
     if not isinstance(raw_intents, dict) or not raw_intents:
@@ -204,7 +220,11 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
         replies=replies,
         escalate_after=esc,
         escalate_reply=_opt(ld, "fallback", "escalate_reply", fb, known),
-        escalate_transfer=fb.get("escalate_transfer", ""),
+        escalate_transfer=ld.transfer(
+            "fallback", "escalate_transfer", fb["escalate_transfer"], known
+        )
+        if fb.get("escalate_transfer")
+        else "",
         transfer_failed=_opt(ld, "fallback", "transfer_failed", fb, known),
     )
     lim = ld.table("limits", data.get("limits", {}), "limits")
@@ -389,7 +409,7 @@ def _build_actions(ld: _Loader, sec: str, raw: dict[str, Any], known: set[str]) 
         reply=ld.template(sec, "reply", raw["reply"], known),
         set=tuple(sets),
         send_dtmf=dtmf,
-        transfer=raw.get("transfer", "").strip(),
+        transfer=ld.transfer(sec, "transfer", raw["transfer"], known) if "transfer" in raw else "",
         hangup=raw.get("hangup", False),
     )
 

@@ -207,6 +207,20 @@ class CallTelemetry:
             self.records.event(call_id, kind, fields)
         self._event(call_id, kind, fields)
 
+    def transfer_ended(
+        self, call_id: str, target: str, outcome: str, status: int, reason: str
+    ) -> None:
+        """A transfer's final outcome: in the call's timeline and the metrics; anything but
+        success is a WARNING (an operator watching the log learns that escalations fail)."""
+        if outcome != "succeeded":
+            log.warning(
+                "call %s: transfer to %s %s: status %d (%s)", call_id, target, outcome, status,
+                reason,
+            )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.transfer_ended(outcome, status)
+        self.event(call_id, "transfer", ce.transfer(target, outcome, status, reason))
+
     def ended(
         self, c: CallFacts, outcome: str, reason: str, media: MediaStats | None = None
     ) -> None:

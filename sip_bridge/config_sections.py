@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 import wave
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agent.transfer_target import target_problem
 from agent.voice_settings import VoiceSettings
 from sip_bridge.config_types import (
     MODEL_FAULT_ACTIONS,
@@ -87,9 +87,9 @@ def build_model_fault(a: AgentConfig, text: str, p: str) -> AgentConfig:
         line = _line_of(text, "agent", "on_model_fault")
         raise ConfigError(p, line, "agent.fault_transfer_to", "is required with on_model_fault"
                           ' = "transfer"')  # fmt: skip
-    if target and not re.fullmatch(r"sips?:[^\s<>\"]+|\+?[0-9*#]{1,32}", target):
+    if target and (why := target_problem(target)):
         line = _line_of(text, "agent", "fault_transfer_to")
-        raise ConfigError(p, line, "agent.fault_transfer_to", "must be a sip: URI or a number")
+        raise ConfigError(p, line, "agent.fault_transfer_to", why)
     prompt = a.fallback_prompt
     if prompt:
         f = Path(prompt)

@@ -423,10 +423,10 @@ class BridgeServer:
                 "call %s: transfer to %s %s (%s)", ev.call_id, ev.target, ev.outcome, ev.reason
             )
             call = self.calls.get(ev.call_id)
-            if ev.final:
-                self.telemetry.event(ev.call_id, "transfer", ce.transfer(
-                    ev.target, ev.outcome, ev.status, ev.reason
-                ))  # fmt: skip
+            if ev.final:  # a failure is logged at WARNING and counted there
+                self.telemetry.transfer_ended(
+                    ev.call_id, ev.target, ev.outcome, ev.status, ev.reason
+                )
             if ev.final and call is not None and call.media is not None:
                 result = TransferResult(ev.target, "failed", ev.status, ev.reason)
                 if ev.outcome == "succeeded":
