@@ -58,10 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--record", metavar="OUT.wav", required=True, help="8 kHz WAV of the reply")
     call.add_argument("--duration", metavar="S", type=float, help="seconds after answer")
     call.add_argument("--dtmf", metavar="DIGITS", default="", help="keys to press after answer")
+    call.add_argument(
+        "--dtmf-at", metavar="SECONDS|prompt", type=_dtmf_at, default=0.5,
+        help="when to press them: seconds after the answer (default 0.5), or 'prompt': once "
+        "the far end's first prompt ended (speech, then 0.8 s of quiet)",
+    )  # fmt: skip
     call.add_argument("--rtp-ports", metavar="LOW-HIGH", default="40000-40999")
     call.add_argument("--timeout", metavar="S", type=float, default=30.0, help="ring timeout")
     call.add_argument("-v", "--verbose", action="store_true", help="log SIP and media events")
     return parser
+
+
+def _dtmf_at(value: str) -> float | str:
+    if value == "prompt":
+        return value
+    try:
+        at = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: seconds (e.g. 6.5) or 'prompt'") from None
+    if not 0 <= at <= 3600:
+        raise argparse.ArgumentTypeError(f"{value!r}: 0..3600 seconds after the answer")
+    return at
 
 
 async def run_call(args: argparse.Namespace) -> int:
@@ -77,6 +94,8 @@ async def run_call(args: argparse.Namespace) -> int:
         Path(args.record),
         duration_s=args.duration,
         dtmf=args.dtmf,
+        dtmf_at_s=args.dtmf_at if isinstance(args.dtmf_at, float) else 0.5,
+        dtmf_after_prompt=args.dtmf_at == "prompt",
         rtp_ports=(int(low), int(high or low)),
         answer_timeout_s=args.timeout,
     )
