@@ -203,13 +203,14 @@ async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeC
 def show_status(args: argparse.Namespace) -> int:
     """``sip-bridge status``: 0 and the bridge's state, 1 when no bridge answers."""
     import json
+    import tempfile
 
     from sip_bridge.config import parse_hostport
-    from sip_bridge.control import ControlError, format_status, query
+    from sip_bridge.control import ControlError, format_status, query, running_bridges
 
     paths = [args.socket] if args.socket else []
     if not paths:
-        config = load_config(find_config(args.config).path)  # where it keeps the socket
+        config = load_config(find_config(args.config).path)  # the bridge it would run
         port = parse_hostport(args.listen)[1] if args.listen else config.sip.listen_port
         paths = [config.control.socket_path(port)]
         if not config.control.socket:  # where the systemd unit's bridge has it
@@ -220,7 +221,22 @@ def show_status(args: argparse.Namespace) -> int:
     except ControlError as exc:
         also = f" (nor on {', '.join(paths[1:])})" if len(paths) > 1 else ""
         print(f"sip-bridge status: {exc}{also}", file=sys.stderr)
-        return 1
+        if args.socket:
+            return 1
+        # a bridge started on another port (--listen): look for the running ones
+        runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+        folders = [f for f in (runtime, tempfile.gettempdir(), str(RUNTIME_DIR)) if f]
+        found = running_bridges(folders, skip=paths)
+        if len(found) == 1:
+            path, answer = found[0]
+            print(f"sip-bridge status: the bridge running here answers on {path}", file=sys.stderr)
+        else:
+            for sock, st in found:
+                cfg = (st.get("config") or {}).get("path", "?")
+                print(f"  {sock}  listening {st.get('listen', '?')}  config {cfg}", file=sys.stderr)
+            hint = "pick one" if found else "for a bridge with its own control.socket, give it"
+            print(f"sip-bridge status: {hint}: sip-bridge status --socket PATH", file=sys.stderr)
+            return 1
     print(json.dumps(answer, indent=2) if args.json else format_status(answer), flush=True)
     return 0
 
