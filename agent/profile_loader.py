@@ -35,6 +35,7 @@ from agent.profile import (
     normalize,
     parse_template,
 )
+from agent.toml_source import as_written
 from agent.transfer_target import target_problem
 from agent.voice_settings import SPEECH_LANGUAGES
 
@@ -448,8 +449,8 @@ def _build_intent(
     for src in raw.get("patterns", []):
         try:
             patterns.append(re.compile(src, re.IGNORECASE))
-        except re.error as exc:
-            ld.fail(sec, "patterns", f"bad regular expression {src!r}: {exc}")
+        except re.error as exc:  # the pattern as the file has it, not Python's escaping
+            ld.fail(sec, "patterns", f"bad regular expression {as_written(ld.text, src)}: {exc}")
     dtmf = raw.get("dtmf", "")
     if dtmf and (len(dtmf) != 1 or dtmf not in DTMF_KEYS.replace("#", "")):
         ld.fail(sec, "dtmf", f"one key of 0-9 * A-D, got {dtmf!r} ('#' ends digit entry)")

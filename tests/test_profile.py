@@ -118,6 +118,18 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             "intents.x.patterns",
             "bad regular",
         ),
+        (  # shown as the file has it, not with Python's doubled backslashes
+            "[intents.x]\npatterns = ['^\\d+(\\s']\nreply = \"hi\"\n",
+            11,
+            "intents.x.patterns",
+            "bad regular expression '^\\d+(\\s': missing ), unterminated subpattern",
+        ),
+        (
+            '[intents.x]\npatterns = ["^\\\\d+(\\\\s"]\nreply = "hi"\n',
+            11,
+            "intents.x.patterns",
+            'bad regular expression "^\\\\d+(\\\\s": missing )',
+        ),
         ('[intents.x]\nkeywords = ["x"]\n', 10, "intents.x.reply", "is required"),
         (
             '[intents.x]\nkeywords = ["x"]\nslots = ["nope"]\nreply = "a"\n',
@@ -191,7 +203,12 @@ def test_templates_escape_braces_and_spell_digits() -> None:
         ),
         ('[transfer]\nhold_music = "x.wav"\n', 11, "transfer.hold_music", "unknown key"),
         ('[transfer]\nhold_audio = "nope.wav"\n', 11, "transfer.hold_audio", "no such file"),
-        ('[transfer]\nhold_audio = "agent.toml"\n', 11, "transfer.hold_audio", "not a playable"),
+        (
+            '[transfer]\nhold_audio = "agent.toml"\n',
+            11,
+            "transfer.hold_audio",
+            "not a WAV file (no RIFF/WAVE header): use 16-bit PCM",
+        ),
     ],
 )
 def test_mistakes_name_file_line_and_key(
