@@ -100,10 +100,12 @@ def live_calls(
         call = bridge.calls.get(c["call_id"])
         cfg = call.config if call is not None and call.config is not None else bridge.config
         turns = _turns(recent.get(c["call_id"], ()))
+        answered = call.facts.profile if call is not None and call.facts is not None else ""
         out.append({
             "call_id": c["call_id"], "leg": "sip", "caller": c["caller"], "callee": c["callee"],
             "trunk": c["trunk"], "route": c["route"], "agent": c["agent"],
-            "profile": _name(cfg) if cfg.agent.name == "voice" else None,
+            # the profile's own name once it answered (the after-hours one, out of hours)
+            "profile": (answered or _name(cfg)) if cfg.agent.name == "voice" else None,
             "state": c["state"], "duration_s": c["duration_s"],
             "jitter_ms": c.get("jitter_ms"), "loss_pct": c.get("loss_pct"),
             "turn_latency_ms": turns[-1]["total_ms"] if turns else None,

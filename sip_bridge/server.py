@@ -31,7 +31,7 @@ from agent.base import (
 from agent.fallback_prompt import FAULT_REASON
 from sip_bridge import call_events as ce
 from sip_bridge.admission import InboundPolicy
-from sip_bridge.agents import load_agent_models, make_agent, take_over
+from sip_bridge.agents import load_agent_models, make_agent, profile_name, take_over
 from sip_bridge.call_events import Command
 from sip_bridge.call_recording import StereoRecorder, recording_path
 from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
@@ -519,7 +519,7 @@ class BridgeServer:
         media.on_caller_dtmf = lambda e: self.telemetry.event(call_id, "dtmf", ce.dtmf(e.digit))
         if call.facts is not None:
             remote = hostport((params.remote_host, params.remote_port))
-            self.telemetry.answered(call.facts, neg.codec, remote, agent.name)
+            self.telemetry.answered(call.facts, neg.codec, remote, agent.name, profile_name(agent))
         await media.start()
         if call.ended:  # hung up while the media was starting: _teardown saw no media yet
             await media.close("ended during setup")
