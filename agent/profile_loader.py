@@ -35,6 +35,8 @@ from agent.profile import (
     normalize,
     parse_template,
 )
+from agent.slot_loader import SLOT_TYPES, build_slot_rules
+from agent.slot_rules import KEYED
 from agent.toml_source import as_written
 from agent.transfer_target import target_problem
 from agent.voice_settings import SPEECH_LANGUAGES
@@ -65,9 +67,10 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "llm": _keys(_STR, "mode base_url model api_key_env system_prompt")
     | _keys(_NUM, "temperature timeout_s")
     | {"max_tokens": _INT},
-    "slots.*": _keys(_STR, "type prompt retry")
-    | _keys(_INT, "min_length max_length")
-    | {"digit_timeout_s": _NUM},
+    "slots.*": _keys(_STR, "type prompt retry earliest latest confirm confirm_prompt invalid")
+    | _keys(_INT, "min_length max_length max_days_ahead")
+    | _keys(_NUM, "digit_timeout_s min max")
+    | {"options": _TABLE, "not_past": _BOOL, "weekdays": _LIST},
     "intents.*": _ACTIONS
     | _keys(_LIST, "keywords patterns examples slots")
     | _keys(_STR, "dtmf not_found")
@@ -375,8 +378,8 @@ def _build_slots(ld: _Loader, raw: Any, known: set[str]) -> dict[str, SlotSpec]:
         sec = f"slots.{name}"
         spec = ld.table(sec, spec, "slots.*")
         kind = spec.get("type", "")
-        if kind not in ("digits", "yes_no"):
-            ld.fail(sec, "type", f"{kind!r} is not one of digits, yes_no")
+        if kind not in SLOT_TYPES:
+            ld.fail(sec, "type", f"{kind!r} is not one of {', '.join(SLOT_TYPES)}")
         if "prompt" not in spec:
             ld.fail(sec, "prompt", "is required (the question that asks for the slot)")
         mine = known | set(raw)  # a prompt may repeat a slot filled earlier
@@ -386,10 +389,11 @@ def _build_slots(ld: _Loader, raw: Any, known: set[str]) -> dict[str, SlotSpec]:
         ld.number(sec, "max_length", hi, lo, 64)
         retry = _opt(ld, sec, "retry", spec, mine) or prompt
         timeout = float(spec.get("digit_timeout_s", SlotSpec.digit_timeout_s))
-        if "digit_timeout_s" in spec and kind != "digits":
-            ld.fail(sec, "digit_timeout_s", "only a digits slot has keypad entry")
+        if "digit_timeout_s" in spec and kind not in KEYED:
+            ld.fail(sec, "digit_timeout_s", f"only {', '.join(KEYED)} slots have keypad entry")
         ld.number(sec, "digit_timeout_s", timeout, 1, 30)
-        out[name] = SlotSpec(name, kind, prompt, retry, lo, hi, timeout)
+        slot = SlotSpec(name, kind, prompt, retry, lo, hi, timeout)
+        out[name] = build_slot_rules(ld, sec, slot, spec, mine)
     return out
 
 
