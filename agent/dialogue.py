@@ -376,6 +376,7 @@ class DialogueEngine:
         self._keys, self._key_at = "", None  # (a spoken answer ends a half-typed entry)
         self._filled[self._pending] = value
         self._pending, self._confirming = None, None
+        self.misses = 0  # an answer ends a run of misses
         return self._proceed()
 
     def _proceed(self) -> list[ReplyPart]:

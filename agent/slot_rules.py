@@ -56,7 +56,7 @@ def hear(slot: SlotSpec, words: Sequence[str], text: str, today: dt.date) -> Hea
         return read_number(words)
     if slot.kind == "choice":
         return read_choice(words, dict(slot.options))
-    said = " ".join(text.split())  # text: the caller's words as heard
+    said = " ".join(text.split()).rstrip(".!?,;: ")  # the words as heard; the template ends it
     return Heard(said) if said else None
 
 

@@ -91,7 +91,7 @@ def _next(today: dt.date, month: int | None, day: int) -> dt.date | None:
 
 
 def read_date(words: Sequence[str], today: dt.date) -> Heard | None:
-    """ "today", "tomorrow", "the day after tomorrow", "monday", "next tuesday", "the
+    """ "today", "tomorrow", "yesterday", "the day after tomorrow", "monday", "next tuesday", "the
     fifteenth", "march 3rd", "the 3rd of march", "on the 15", "15 march" -> the date."""
     joined = " ".join(words)
     if "day after tomorrow" in joined:
@@ -100,6 +100,8 @@ def read_date(words: Sequence[str], today: dt.date) -> Heard | None:
         return Heard((today + dt.timedelta(days=1)).isoformat())
     if "today" in words:
         return Heard(today.isoformat())
+    if "yesterday" in words:  # said, and refused by a slot that is not_past
+        return Heard((today - dt.timedelta(days=1)).isoformat())
     for w in words:
         if w in WEEKDAYS:
             ahead = (WEEKDAYS.index(w) - today.weekday()) % 7 or 7  # on a Monday: the next
