@@ -172,6 +172,7 @@ def read_time(words: Sequence[str]) -> Heard | None:
     for i, w in enumerate(words):
         nxt = words[i + 1] if i + 1 < len(words) else ""
         # "half past two", "quarter past ten", "ten past three", "quarter to three"
+        nxt = "past" if nxt == "passed" else nxt  # what ASR often writes for "past"
         if w in ("half", "quarter") or (w in ("five", "ten", "twenty") and nxt in ("past", "to")):
             mins = {"half": 30, "quarter": 15, "five": 5, "ten": 10, "twenty": 20}[w]
             if nxt in ("past", "to", "after") and i + 2 < len(words):

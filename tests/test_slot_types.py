@@ -56,6 +56,7 @@ def test_dates_as_callers_say_them(said: str, value: str | None, sure: bool | No
     ("said", "value", "sure"),
     [
         ("half past two", "14:30", False),  # am or pm? the slot's hours settle it
+        ("Half passed two.", "14:30", False),  # as ASR writes it
         ("2:30 p.m.", "14:30", True),
         ("two thirty in the afternoon", "14:30", True),
         ("fourteen hundred", "14:00", True),
@@ -125,7 +126,8 @@ def test_a_booking_by_voice_fills_what_the_first_sentence_said() -> None:
     call = Call()
     assert "what time" in call.say("I'd like to book a cleaning on the fifteenth").lower()
     assert "name" in call.say("Half past two.")  # 14:30: the only reading within 08:00-17:30
-    said = call.say("Alice Smith")
+    assert call.say("Alice Smith") == "I have Alice Smith. Is that right?"  # always asked
+    said = call.say("Yes.")
     assert said.startswith(
         "That's a cleaning on Tuesday the 15th of December at 2:30 pm, for Alice Smith."
     ), said
@@ -143,7 +145,8 @@ def test_unsure_values_are_asked_back_and_a_no_asks_again() -> None:
     assert call.say("Uh, one.") == "Tuesday the 1st of December, is that right?"
     assert call.say("No, the second.").startswith("What time")  # a new, sure value
     assert "name" in call.say("three o'clock")  # 15:00: 03:00 is outside the hours
-    assert "Wednesday the 2nd of December at 3 pm" in call.say("Bob")
+    assert call.say("Bob") == "I have Bob. Is that right?"
+    assert "Wednesday the 2nd of December at 3 pm" in call.say("yes")
 
 
 def test_the_rules_refuse_with_the_reason_then_ask_again() -> None:
@@ -172,7 +175,8 @@ def test_a_booking_by_keypad() -> None:
     assert "what time" in call.keys("0112").lower()  # Tuesday the 1st of December
     assert call.keys("0715#").startswith("That's outside our hours")
     assert "name" in call.keys("1645#")
-    assert "at 4:45 pm" in call.say("Carol")
+    assert call.say("Carol") == "I have Carol. Is that right?"
+    assert "at 4:45 pm" in call.keys("1")
     assert call.keys("1").startswith("You're booked for a checkup on Tuesday the 1st")
 
 
