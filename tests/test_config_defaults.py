@@ -156,3 +156,23 @@ def test_run_logs_the_warning_at_start(tmp_path: Path) -> None:
             proc.kill()
     assert f"{f}:4: agent.name = 'tone': agent.voice.profile" in err, err
     assert "WARNING" in err.split("agent.voice.profile")[0].splitlines()[-1], err
+
+
+def test_a_reload_logs_the_warning_too(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    import asyncio
+    import logging
+
+    from sip_bridge.reload import reload_bridge
+
+    (tmp_path / "dentist.toml").write_text(DEMO_PROFILE.read_text())
+    text = '[agent]\nname = "echo"\n[agent.voice]\nprofile = "dentist.toml"\n'
+    config = parse_config_text(text, str(tmp_path / "bridge.toml"))
+
+    class Bridge:  # takes any config, nothing needs a restart
+        async def reload(self, _: BridgeConfig) -> list[str]:
+            return []
+
+    with caplog.at_level(logging.WARNING, logger="sip_bridge.reload"):
+        assert asyncio.run(reload_bridge(Bridge(), lambda: config))  # type: ignore[arg-type]
+    said = [r.getMessage() for r in caplog.records]
+    assert any("agent.name = 'echo': agent.voice.profile" in m for m in said), said
