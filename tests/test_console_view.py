@@ -38,6 +38,8 @@ def test_the_talk_page_offers_the_default_each_route_and_the_profiles_beside_it(
     )
     offered = talk_profiles(cfg)
     assert list(offered) == ["demo", "route:check", "route:sales-line", "billing"]
+    # labelled with the profile's own name ([agent] name), as records and events give it
+    assert offered["demo"][0] == "acme-demo (voice agent, demo.toml) (default)"
     label, check = offered["route:check"]
     assert check.agent.name == "tone" and "route check" in label
     _, billing = offered["billing"]
