@@ -72,7 +72,7 @@ class EchoGate:
         window: int,
         *,
         margin_db: float = 6.0,
-        tail_ms: float = 320.0,
+        tail_ms: float = 480.0,
         history_s: float = 1.0,
     ) -> None:
         self.window = max(1, window)

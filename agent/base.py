@@ -142,6 +142,13 @@ class Agent(abc.ABC):
     #: :class:`ResumeAgent` (the bridge answers other agents' commands with an error).
     takes_commands: bool = False
 
+    @property
+    def sensitive(self) -> bool:
+        """True while the caller gives input that must leave no trace (a ``sensitive``
+        slot: a PIN, a card number): the bridge then masks keys in records and events, and
+        records silence. Read on the media loop's tick: keep it cheap."""
+        return False
+
     @abc.abstractmethod
     async def start(self, call: CallInfo, output: AgentOutput) -> None:
         """The call is answered; keep ``output`` to speak."""
@@ -164,7 +171,8 @@ class TurnCompleted:
     planned; ``stages_ms``: end_of_turn, asr_tail, dialogue, tts_first_audio (those that
     happened). A keypad turn (``input`` "keypad") has ``keys``, what the caller keyed (a
     slot entry's digits or a menu key), and ``stages_ms``: dialogue, tts_first_audio and
-    total (the turn's last key -> its first reply audio)."""
+    total (the turn's last key -> its first reply audio). A sensitive slot's entry comes
+    masked: ``caller_text`` ``[redacted N digits]``, ``keys`` one ``*`` per key."""
 
     caller_text: str
     agent_text: str

@@ -122,13 +122,22 @@ class CallFlow:
         self.hold = None
 
     def tick(
-        self, now: float, *, played: bool, replying: bool, queued: bool, caller: bool
+        self,
+        now: float,
+        *,
+        played: bool,
+        replying: bool,
+        queued: bool,
+        caller: bool,
+        holding: bool = False,
     ) -> tuple[Play | None, float | None]:
         """One tick: ``played`` reply or filler audio went out in this frame, ``replying`` a
         reply is being produced or played, ``queued`` more of it waits to go out, ``caller``
-        the caller spoke in this frame. Returns (what to play now, a dead-air gap that just
-        ended in seconds), either None. Ringback pauses while reply audio is queued (an
-        operator's words, the apology) and goes on through the caller's own turns."""
+        the caller spoke in this frame, ``holding`` the reply is ready and held back on
+        purpose (the caller may go on: no filler then; the wait still counts). Returns
+        (what to play now, a dead-air gap that just ended in seconds), either None.
+        Ringback pauses while reply audio is queued (an operator's words, the apology) and
+        goes on through the caller's own turns."""
         owed = replying or self.transfer_pending
         audible, self._rang = played or self._rang, False
         gap = self.meter.tick(now, audible=audible, owed=owed, caller=caller)
@@ -142,7 +151,12 @@ class CallFlow:
                 size = 2 * FRAME  # a frame ahead: a late tick must not leave a gap in it
             self._rang = True
             return Play(self.hold.next_frame(size), background=True), gap
-        if owed and not queued and self.meter.waiting(now) >= self.filler.after_ms / 1000:
+        if (
+            owed
+            and not queued
+            and not holding
+            and self.meter.waiting(now) >= self.filler.after_ms / 1000
+        ):
             return self._filler(), gap
         return None, gap
 

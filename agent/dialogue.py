@@ -34,6 +34,7 @@ from agent.profile import (
     normalize,
     parse_template,
 )
+from agent.redaction import sensitive_text
 from agent.sentences import SentenceBuffer
 from agent.slot_rules import KEYED, PREFILLED, from_keys, hear, needs_confirmation, problem
 from agent.slot_values import Heard
@@ -84,6 +85,9 @@ class KeyTurn:
     keys: str  # what the caller keyed: a slot entry's digits ("54321") or one key ("2")
     parts: list[ReplyPart]
     ended_by: str = "key"  # entries: "#", "length" (max_length reached) or "timeout"
+    # the entry answered a sensitive slot: only the engine may see ``keys`` (the caller's
+    # text for records is ``[redacted N digits]``, see agent.redaction)
+    sensitive: bool = False
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -138,6 +142,7 @@ class DialogueEngine:
         self.transcript: list[tuple[str, str]] = []
         self.turns = 0
         self.misses = 0  # in a row
+        self.last_missed = False  # the last turn was not understood (a fallback, a retry)
         self.ended = False  # after a hang-up or transfer
         self._vars = {"caller": "", "callee": ""} | dict(profile.variables) | dict(variables)
         self._clock = clock
@@ -162,6 +167,17 @@ class DialogueEngine:
         twin._filled = dict(self._filled)
         return twin
 
+    @property
+    def collecting_sensitive(self) -> bool:
+        """A ``sensitive`` slot is being asked for: what the caller says or keys now must
+        leave no trace (the engine alone gets it; its own transcript, which an LLM reads,
+        holds ``[redacted N digits]``)."""
+        return self._pending is not None and self.profile.slots[self._pending].sensitive
+
+    def _heard(self, text: str) -> None:
+        self.transcript.append(("caller", sensitive_text(text) if self.collecting_sensitive
+                                else text))  # fmt: skip
+
     def greeting(self) -> list[ReplyPart]:
         return [Say(self.profile.greeting.render(self._vars))]
 
@@ -185,9 +201,10 @@ class DialogueEngine:
 
     async def respond(self, text: str) -> AsyncIterator[ReplyPart]:
         """One caller turn (the ASR text)."""
+        self.last_missed = False
         if self.ended or not text.strip():
             return
-        self.transcript.append(("caller", text.strip()))
+        self._heard(text.strip())
         if closing := self._time_up():
             for part in closing:
                 yield part
@@ -239,16 +256,17 @@ class DialogueEngine:
         grace, self._hash_until = self._hash_until, None
         if digit == "#" and grace is not None and now <= grace:
             return None  # the terminator of an entry already complete
-        if closing := self._time_up():
-            return KeyTurn(digit, closing)
+        if closing := self._time_up():  # a key into a sensitive slot's entry stays masked
+            return KeyTurn(digit, closing, sensitive=self.collecting_sensitive)
         slot = self.profile.slots[self._pending] if self._pending else None
         if slot is not None and self._confirming is not None:  # 1 = yes, 2 = no
             said = {"1": ("yes",), "2": ("no",)}.get(digit)
             if said is None:
                 return None
-            self.transcript.append(("caller", f"(keypad {digit})"))
+            self._heard(f"(keypad {digit})")
             self.turns += 1
-            return KeyTurn(digit, self._confirmed(slot, said, "") + self._after_turn())
+            parts = self._confirmed(slot, said, "") + self._after_turn()
+            return KeyTurn(digit, parts, sensitive=slot.sensitive)
         if slot is not None and slot.kind in KEYED:
             if digit == "*":
                 self._keys, self._key_at = "", None
@@ -295,11 +313,11 @@ class DialogueEngine:
     def _entry(self, slot: SlotSpec, ended_by: str) -> KeyTurn:
         """A digits slot's keypad entry is over: fill the slot, or say its retry."""
         value, self._keys, self._key_at = self._keys, "", None
-        self.transcript.append(("caller", f"(keypad {value})"))
+        self._heard(f"(keypad {value})")
         heard = from_keys(slot, value, self._today())  # DDMM, HHMM, a number, digits
         parts = self._offer(slot, heard) if heard else self._miss(slot.retry.render(self._vars))
         self.turns += 1
-        return KeyTurn(value, parts + self._after_turn(), ended_by)
+        return KeyTurn(value, parts + self._after_turn(), ended_by, sensitive=slot.sensitive)
 
     # -- rules -------------------------------------------------------------------------
 
@@ -423,6 +441,7 @@ class DialogueEngine:
         """Not understood: the fallback (or ``text``); after N in a row, escalate."""
         fb = self.profile.fallback
         self.misses += 1
+        self.last_missed = True
         if fb.escalate_after and self.misses >= fb.escalate_after:
             self._intent, self._pending, self.misses, self.ended = None, None, 0, True
             parts: list[ReplyPart] = []

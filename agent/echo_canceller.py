@@ -19,6 +19,28 @@ Double talk (the caller and our echo at once) makes any adaptive filter wander. 
 two filters (Ochiai's two-path canceller): a background filter that always adapts, and a
 foreground filter that makes the output and only takes the background's coefficients
 when those cancel clearly better. A wandering background is reset from the foreground.
+
+The echo path's delay jumps over a call, by whole 20 ms frames: the caller's phone plays
+our packets by RTP timestamp and sends its frames on its own clock, our jitter buffer hands
+the agent one of them per tick, and the agent counts its reference in those ticks; at a
+talkspurt's start our send grid restarts and the agent's tick and our send clock move apart
+by a frame, and the jitter buffers on both ends grow and shrink by frames as they adapt
+(measured over loopback SIP calls with the wire caller's line echo: 180, 160, 140, 200 ms
+from one reply to the next, and 340 then 180 ms when our jitter buffer released after the
+greeting). A filter converged on one delay then cancels nothing, and relearning with the
+small steps of a converged filter took seconds, its residual echo meanwhile loud enough to
+pass for the caller. So while the foreground leaves much of what comes back, its echo
+partitions are also tried at every other place in the tail (one small batch of FFTs): a
+place that cancels far better, and takes out at least half of what came back, is the echo
+moved by that many frames (the caller's speech, the same in every trial, cannot make one
+better), and both filters move there, converged at once (:attr:`shifts`). During such a
+spell neither filter learns for a few blocks: the background would learn the echo's absence
+at the old delay, and the foreground, the one that moves, would take it. Nor while what
+comes back is a hole, 10 dB or more under the echo expected (a phone muted, its jitter
+buffer growing, an echo suppressor clamping): learning that absence forgot the echo, and
+learning it again took 1-2.5 s once it was back (2-7 dB taken out in the first second
+after a 1 s hole, against 30 dB before it). The filters wait through up to 2 s of a hole
+unchanged.
 """
 
 from __future__ import annotations
@@ -37,6 +59,15 @@ _LOCATE_BLOCKS = 20  # blocks of our voice before the coherence is trusted (0.4 
 _LOCATE_MIN = 0.3  # coherence (energy-weighted, 0..1) that counts as an echo found
 _LOCATE_RATIO = 2.0  # ... and by how much it must beat every partition away from it
 _C128 = NDArray[np.complex128]
+_SHIFT_TRIGGER = 0.1  # the foreground leaves over this share of what came back: try places
+_SHIFT_BETTER = 0.25  # a place is taken when it leaves a quarter (6 dB) of the error or less
+_SHIFT_BLOCKS = 2  # ... over this many blocks in a row (one block can be chance)
+_SHIFT_HOLD = 8  # blocks of a spell of poor cancelling with no background promoted
+_HOLE = 0.1  # what came back is under this share of the echo expected: the echo is missing
+_HOLE_HOLD = 100  # blocks (2 s) of missing echo the filters wait through unchanged
+_SHIFT_FLOOR = 1e-6 * 32768.0**2  # per sample: what came back (or was expected) >= -60 dBFS
+_IDLE, _TRYING, _MOVED = 0, 1, 2
+_QUIET_REF = 1e-6 * 32768.0**2  # per sample: reference under -60 dBFS teaches nothing
 
 
 class EchoCanceller:
@@ -48,7 +79,7 @@ class EchoCanceller:
     """
 
     def __init__(
-        self, *, rate: int = 8000, block: int = 160, tail_ms: float = 320.0, step: float = 1.0
+        self, *, rate: int = 8000, block: int = 160, tail_ms: float = 480.0, step: float = 1.0
     ) -> None:
         if block <= 0 or rate <= 0 or tail_ms <= 0:
             raise ValueError("rate, block and tail_ms must be positive")
@@ -90,6 +121,13 @@ class EchoCanceller:
         self.echo: _F64 = np.zeros(block)
         self.copies = 0  # background -> foreground copies (convergence steps taken)
         self.resets = 0  # foreground -> background resets (the background wandered off)
+        self.shifts = 0  # the echo's delay jumped and the filters followed (see _follow)
+        self._shift_err: _F64 = np.zeros(p)  # per place the echo's partitions may move to
+        self._shift_blocks = 0  # blocks of the current spell of poor cancelling
+        self._shift_evidence = 0  # ... in which something came back
+        self._shift_mic = 0.0  # what came back in them (smoothed as _shift_err)
+        self._shift_from = 0  # the echo's first partition when the spell began
+        self._hole_blocks = 0  # blocks in a row in which our echo was missing (see _follow)
 
     @property
     def _span(self) -> tuple[int, int]:
@@ -129,11 +167,100 @@ class EchoCanceller:
         y_bg = self._estimate(self._bg)
         e_fg = d - y_fg
         e_bg = d - y_bg
-        if self._compare(e_fg, e_bg):
+        follow = _IDLE if self.window is None else self._follow(d, e_fg)
+        if follow == _MOVED:
+            y_fg = self._estimate(self._fg)  # the filters moved with the echo
+            e_fg = e_bg = d - y_fg
+            y_bg = y_fg
+        elif follow == _IDLE and self._compare(e_fg, e_bg):
             e_bg, y_bg = e_fg, y_fg  # reset: the background starts again from the foreground
-        self._adapt(e_bg, y_bg, float(np.dot(x, x)))
+        if follow != _TRYING:  # (what comes back may not be where the filters look)
+            self._adapt(e_bg, y_bg, float(np.dot(x, x)))
+        if np.dot(e_fg, e_fg) > np.dot(d, d):
+            # taking the estimate out adds to what came back: the echo it expects is not
+            # there (a hole in the line, a path just moved). The residual would be our own
+            # voice, negated; what came back is the better guess at the caller.
+            self.echo = np.zeros(n)
+            return d.copy()
         self.echo = y_fg
         return e_fg
+
+    def _follow(self, mic: _F64, err: _F64) -> int:
+        """While the foreground leaves much of what comes back, try its echo partitions at
+        every other place in the tail; when one place leaves a quarter of the error or
+        less (smoothed over the last blocks, _SHIFT_BLOCKS at least), and cancels half of
+        what came back, move the filters (and the locator's statistics) there. Returns
+        _MOVED, _TRYING (the first blocks of such a spell: the background, learning the
+        echo's absence at the old delay, must not replace the foreground, the one to move;
+        and any block of a hole, up to _HOLE_HOLD in a row) or _IDLE."""
+        s_dd = float(np.dot(mic, mic))
+        s_ee = float(np.dot(err, err))
+        floor = _SHIFT_FLOOR * self.block
+        if max(s_dd, s_ee) < floor or not self.adapted:  # nothing expected, nothing came
+            self._shift_blocks = 0
+            return _IDLE
+        estimate = mic - err
+        missing = s_dd < _HOLE * float(np.dot(estimate, estimate))
+        if not missing:
+            self._hole_blocks = 0
+        if s_ee <= _SHIFT_TRIGGER * s_dd:
+            self._shift_blocks = 0
+            return _IDLE
+        lo, hi = self._span
+        if self._shift_blocks == 0 or self._shift_from != lo:
+            self._shift_err[:] = 0.0
+            self._shift_mic = 0.0
+            self._shift_evidence = 0
+            self._shift_from = lo
+        if missing:
+            # a hole: no evidence of where the echo is, nor that it moved; the spell counts
+            # from when something comes back
+            self._hole_blocks += 1
+            return _TRYING if self._hole_blocks <= _HOLE_HOLD else _IDLE
+        self._shift_blocks += 1
+        if s_dd < floor:  # nothing came back: no evidence of where
+            return _TRYING if self._shift_blocks <= _SHIFT_HOLD else _IDLE
+        self._shift_evidence += 1
+        n, p, w = self.block, self.partitions, hi - lo
+        # the echo's partitions placed at q = 0 .. p - w, all at once: the estimate of each
+        # place is the same filter over the reference that many blocks older or newer
+        places = np.lib.stride_tricks.sliding_window_view(self._x, w, axis=0)  # (q, k, w)
+        spectra = np.einsum("qkw,wk->qk", places, self._fg[lo:hi])
+        trial = mic[None, :] - np.fft.irfft(spectra, 2 * n, axis=1)[:, n:]
+        errs = self._shift_err[: p - w + 1]
+        errs *= 0.5
+        errs += np.einsum("qn,qn->q", trial, trial)
+        self._shift_mic = 0.5 * self._shift_mic + s_dd
+        best = int(np.argmin(errs))
+        if (
+            self._shift_evidence >= _SHIFT_BLOCKS
+            and best != lo
+            and errs[best] <= _SHIFT_BETTER * errs[lo]
+            and errs[best] <= 0.5 * self._shift_mic  # it cancels what came back
+        ):
+            self._move(best - lo)
+            return _MOVED
+        return _TRYING if self._shift_blocks <= _SHIFT_HOLD else _IDLE
+
+    def _move(self, k: int) -> None:
+        """The echo now comes ``k`` blocks later (earlier, if negative): so do the filters
+        (the echo's partitions, as tried: nothing else) and the locator's statistics."""
+        p = self.partitions
+        lo, hi = self._span
+        echo = self._fg[lo:hi].copy()
+        self._fg[:] = 0.0
+        self._fg[lo + k : hi + k] = echo
+        self._bg[:] = self._fg
+        self.window = (lo + k, hi + k)
+        self._cross[:] = np.roll(self._cross, k, axis=0)
+        if k > 0:
+            self._cross[:k] = 0.0
+        else:
+            self._cross[p + k :] = 0.0
+        self._ref_pow[:] = np.roll(self._ref_pow, k, axis=0)
+        self._avg1 = self._avg2 = self._var1 = self._var2 = 0.0
+        self._shift_blocks = 0
+        self.shifts += 1
 
     def _locate(self, mic: _C128) -> None:
         """Find the echo's bulk delay: the partition whose reference is most coherent with
@@ -143,8 +270,9 @@ class EchoCanceller:
         converges as fast as for an echo with no delay (measured: ~20 dB in 1 s, against
         ~3 s over the whole tail)."""
         a = _LOCATE_SMOOTH
-        self._cross += a * (mic[None, :] * np.conj(self._x) - self._cross)
-        self._ref_pow += a * (self._x.real**2 + self._x.imag**2 - self._ref_pow)
+        xs = self._x
+        self._cross += a * (mic[None, :] * np.conj(xs) - self._cross)
+        self._ref_pow += a * (xs.real**2 + xs.imag**2 - self._ref_pow)
         self._mic_pow += a * (mic.real**2 + mic.imag**2 - self._mic_pow)
         num = np.einsum("pk,pk->p", self._cross.real, self._cross.real) + np.einsum(
             "pk,pk->p", self._cross.imag, self._cross.imag
@@ -205,13 +333,15 @@ class EchoCanceller:
         gain = self.step * rate / (power + 1e-2 * float(power.mean()) + 1.0)  # quiet bins
         bg += share[:, None] * (np.conj(xs) * (e * gain)[None, :])
         # the gradient constraint (the filter is N taps per partition, not 2N), applied to
-        # one partition per block in turn (Speex's "AUMDF"): cheap, and stable
-        j = self._constrain
-        if lo <= j < hi:  # (the others are zero: nothing to constrain)
-            taps = np.fft.irfft(self._bg[j], 2 * n)
-            taps[n:] = 0.0
-            self._bg[j] = np.fft.rfft(taps)
-        self._constrain = (j + 1) % self.partitions
+        # one partition per block in turn (Speex's "AUMDF"): cheap, and stable. In turn
+        # over the partitions that adapt (the others are zero): over the whole tail, each
+        # of the echo's went unconstrained for 24 blocks and its wrapped half grew (seen:
+        # a filter 10x too large within three blocks of a loud reply start)
+        j = self._constrain if lo <= self._constrain < hi else lo
+        taps = np.fft.irfft(self._bg[j], 2 * n)
+        taps[n:] = 0.0
+        self._bg[j] = np.fft.rfft(taps)
+        self._constrain = j + 1
 
     def _rates(
         self, e: _C128, y: _C128, s_ee: float, s_yy: float, s_xx: float
@@ -235,6 +365,14 @@ class EchoCanceller:
             rate = min(1.0, _ERL_BOUND * loudest / s_ee)
             self._adapted += rate * min(1.0, 2.0 * s_yy / s_ee)  # counts once it explains
             return rate  # some of what comes back
+        # what the filter's own partitions see: at a talkspurt's start the newest blocks
+        # are loud while the echo's (a delay back) still hold the silence before it, and
+        # steps normalised by that silence fit the line's noise (measured: a filter
+        # converged to 25 dB, wrecked in the 180 ms before a reply's echo came back)
+        lo, hi = self._span
+        near = float(self._ref_energy[lo:hi].max())
+        if near < _QUIET_REF * self.block:
+            return None
         e_pow = e.real**2 + e.imag**2
         y_pow = y.real**2 + y.imag**2
         self._e_mean += _LEAK_SMOOTH * (e_pow - self._e_mean)
@@ -249,9 +387,11 @@ class EchoCanceller:
         self._pyy = max(self._pyy, 1.0)
         self._pey = min(max(self._pey, _MIN_LEAK * self._pyy), self._pyy)
         self.leak = self._pey / self._pyy
-        echo_share = min(1.0, (1e-4 * s_xx + 3.0 * self.leak * s_yy) / s_ee)
-        r = self.leak * y_pow + 0.3 * echo_share * e_pow
-        rates: NDArray[np.float64] = np.minimum(r / (e_pow + 1.0), 1.0)
+        echo_share = min(0.5, (1e-4 * near + 3.0 * self.leak * s_yy) / s_ee)
+        # (the echo left per bin is at most half the error, as Speex's MDF bounds it: a
+        # wrong estimate, large in a bin, must not earn itself a large step there)
+        r = 0.7 * np.minimum(self.leak * y_pow, 0.5 * e_pow) + 0.3 * echo_share * e_pow
+        rates: NDArray[np.float64] = r / (e_pow + 1.0)
         return rates
 
     def _compare(self, fg: _F64, bg: _F64) -> bool:

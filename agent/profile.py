@@ -106,7 +106,9 @@ def parse_template(source: str) -> Template:
 @dataclass(frozen=True)
 class SlotSpec:
     """A value the dialogue collects: ``digits`` (spoken or keyed), ``yes_no``, ``date``,
-    ``time``, ``number``, ``choice`` or ``text`` (rules: :mod:`agent.slot_rules`)."""
+    ``time``, ``number``, ``choice`` or ``text`` (rules: :mod:`agent.slot_rules`).
+    While a ``sensitive`` slot is asked for, the bridge keeps no trace of the caller's
+    input (records, events, logs, recording); the engine still gets the value."""
 
     name: str
     kind: Literal["digits", "yes_no", "date", "time", "number", "choice", "text"]
@@ -128,6 +130,8 @@ class SlotSpec:
     confirm: Literal["auto", "always", "never"] = "auto"  # auto: when the value is unsure
     confirm_prompt: Template | None = None  # default: "{slot}, is that right?"
     invalid: Template | None = None  # said when a value is understood but not allowed
+    # a PIN or a card number: never stored, sent or spoken back (see agent.redaction)
+    sensitive: bool = False
 
 
 @dataclass(frozen=True)

@@ -70,7 +70,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "slots.*": _keys(_STR, "type prompt retry earliest latest confirm confirm_prompt invalid")
     | _keys(_INT, "min_length max_length max_days_ahead")
     | _keys(_NUM, "digit_timeout_s min max")
-    | {"options": _TABLE, "not_past": _BOOL, "weekdays": _LIST},
+    | {"options": _TABLE, "not_past": _BOOL, "sensitive": _BOOL, "weekdays": _LIST},
     "intents.*": _ACTIONS
     | _keys(_LIST, "keywords patterns examples slots")
     | _keys(_STR, "dtmf not_found")
@@ -110,6 +110,7 @@ class _Loader:
     def __init__(self, path: str, text: str) -> None:
         self.path, self.text = path, text
         self.variables: dict[str, str] = {}  # [variables]: known before any call
+        self.sensitive: set[str] = set()  # slots no template may speak back
 
     def transfer(self, section: str, key: str, source: str, known: set[str]) -> str:
         """A transfer target: literal, or a template of known names. One that the file
@@ -152,6 +153,9 @@ class _Loader:
             t = parse_template(source)
         except ValueError as exc:
             self.fail(section, key, str(exc))
+        for name in sorted(t.names & self.sensitive):
+            self.fail(section, key, f"slot {name!r} is sensitive: a reply may not repeat it "
+                      "(what the agent says is recorded and stored)")  # fmt: skip
         for name in sorted(t.names - known):
             self.fail(section, key, f"unknown placeholder {{{name}}}; known: {sorted(known)}")
         return t
@@ -202,7 +206,11 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
         for part in (raw, raw.get("no", {})):
             set_names |= set(part.get("set", {}))
     known = set(BUILTINS) | set(variables) | set_names
-    slots = _build_slots(ld, data.get("slots", {}), known)
+    raw_slots = data.get("slots", {})
+    if isinstance(raw_slots, dict):
+        secret = (n for n, s in raw_slots.items() if isinstance(s, dict) and s.get("sensitive"))
+        ld.sensitive = set(secret)
+    slots = _build_slots(ld, raw_slots, known)
     intents = tuple(
         _build_intent(ld, name, raw, known, slots, tables) for name, raw in raw_intents.items()
     )
@@ -392,7 +400,8 @@ def _build_slots(ld: _Loader, raw: Any, known: set[str]) -> dict[str, SlotSpec]:
         if "digit_timeout_s" in spec and kind not in KEYED:
             ld.fail(sec, "digit_timeout_s", f"only {', '.join(KEYED)} slots have keypad entry")
         ld.number(sec, "digit_timeout_s", timeout, 1, 30)
-        slot = SlotSpec(name, kind, prompt, retry, lo, hi, timeout)
+        sensitive = spec.get("sensitive", False)
+        slot = SlotSpec(name, kind, prompt, retry, lo, hi, timeout, sensitive=sensitive)
         out[name] = build_slot_rules(ld, sec, slot, spec, mine)
     return out
 

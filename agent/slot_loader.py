@@ -10,12 +10,12 @@ from typing import Any, NoReturn, Protocol
 
 from agent.business_hours import DAYS
 from agent.profile import SlotSpec, Template, normalize, parse_template
-from agent.slot_rules import confirm_format
+from agent.slot_rules import KEYED, confirm_format
 
 __all__ = ["SLOT_TYPES", "build_slot_rules"]
 
 SLOT_TYPES = ("digits", "yes_no", "date", "time", "number", "choice", "text")
-_COMMON = {"type", "prompt", "retry", "confirm", "confirm_prompt", "invalid"}
+_COMMON = {"type", "prompt", "retry", "confirm", "confirm_prompt", "invalid", "sensitive"}
 _OWN = {
     "digits": {"min_length", "max_length", "digit_timeout_s"},
     "yes_no": set(),
@@ -46,10 +46,22 @@ def build_slot_rules(
     confirm = spec.get("confirm", "auto")
     if confirm not in ("auto", "always", "never"):
         ld.fail(sec, "confirm", f"{confirm!r} is not one of auto, always, never")
+    if slot.sensitive and kind not in KEYED:
+        kinds = f"{', '.join(KEYED[:-1])} or {KEYED[-1]}"
+        ld.fail(sec, "sensitive", f"only a {kinds} slot can be sensitive "
+                "(a PIN, a card number)")  # fmt: skip
     default = f"{{{slot.name}{confirm_format(slot)}}}, is that right?"
     asked = spec.get("confirm_prompt")
+    if slot.sensitive and not asked and confirm == "always":  # the default repeats the value
+        ld.fail(sec, "confirm", "a sensitive slot's value is never spoken back: give a "
+                "confirm_prompt that does not repeat it, or confirm = \"never\"")  # fmt: skip
+    # a sensitive slot is confirmed only with its own prompt (which may not name it)
     confirm_prompt = (
-        ld.template(sec, "confirm_prompt", asked, known) if asked else parse_template(default)
+        ld.template(sec, "confirm_prompt", asked, known)
+        if asked
+        else None
+        if slot.sensitive
+        else parse_template(default)
     )
     invalid = ld.template(sec, "invalid", spec["invalid"], known) if "invalid" in spec else None
     slot = replace(slot, confirm=confirm, confirm_prompt=confirm_prompt, invalid=invalid)

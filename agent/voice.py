@@ -50,6 +50,7 @@ from agent.call_flow import CallFlow
 from agent.dialogue import DialogueEngine, Hangup, KeyTurn, ReplyPart, Say, SendDtmf, Transfer
 from agent.model_guard import ModelGuard
 from agent.profile import AgentProfile
+from agent.redaction import sensitive_text
 from agent.reply_playout import ReplyPlayout
 from agent.speculation import Speculation
 from agent.voice_models import FIRST_WORDS, VoiceModels
@@ -67,6 +68,12 @@ LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length lim
 FRAME_MS = 20
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
 MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
+# A reply to words the dialogue did not understand (a fallback, a slot's retry) waits until
+# the caller has been quiet this long: not understood often means not finished ("Hi, I'd
+# like to ask about [pause] my order"), and "Sorry, I didn't catch that" in a pause is
+# heard even when the merge stops it. 1.2 s: a pause between sentences, and under the
+# 1.5 s of dead air a caller who had finished may wait (no filler plays meanwhile).
+MISS_HOLD_TICKS = 60
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
@@ -90,6 +97,17 @@ class TurnTiming:
     heard: list[str] = field(default_factory=list)  # what of the reply was played
     reported: bool = False  # a TurnCompleted went out
     keys: str = ""  # a keypad turn: what the caller keyed (turn_end: its last key)
+    sensitive: bool = False  # the caller answered a sensitive slot: report no text, no keys
+
+    @property
+    def caller_text(self) -> str:
+        """What may be kept of what the caller said or keyed (see agent.redaction)."""
+        return sensitive_text(self.text) if self.sensitive else self.text
+
+    @property
+    def caller_keys(self) -> str:
+        """What may be kept of what the caller keyed: a sensitive entry's keys as '*'."""
+        return "*" * len(self.keys) if self.sensitive else self.keys
 
     def stages_ms(self) -> dict[str, float]:
         """The stages that happened, in ms (as bench/turn_latency.py splits a turn); a
@@ -191,6 +209,9 @@ class VoiceAgent(Agent):
         self._speech_ticks = 0  # ticks of speech in the current turn
         self._run = 0  # consecutive speech ticks (barge-in)
         self._last_speech_t = 0.0
+        self._speech_tick = 0  # the tick of the caller's last speech
+        self._ticked = asyncio.Event()  # set by each tick
+        self._holding = False  # a reply to words not understood waits (MISS_HOLD_TICKS)
         self._turn: TurnTiming | None = None
         self._busy = False  # a reply is being produced or played
         self._cancel = threading.Event()  # TTS of the current reply stops between sentences
@@ -204,6 +225,7 @@ class VoiceAgent(Agent):
         self._undo: _Undo | None = None  # the turn being answered, while it can merge
         self._held: _Held | None = None  # a reply held for a possible backchannel
         self._quiet = 0  # ticks since the caller's last speech
+        self._sensitive_heard = False  # the caller spoke while a sensitive slot was asked
         # the caller's audio while we talk: replayed into the ASR if they barge in
         preroll = (self.settings.barge_in_ms + 300) // 20
         # what comes back, less our own line echo; and whether it is more than that echo
@@ -218,6 +240,10 @@ class VoiceAgent(Agent):
 
     # -- Agent interface -------------------------------------------------------------------
 
+    @property
+    def sensitive(self) -> bool:
+        return self.engine is not None and self.engine.collecting_sensitive
+
     async def start(self, call: CallInfo, output: AgentOutput) -> None:
         self._out = output
         self._loop = asyncio.get_running_loop()
@@ -231,6 +257,9 @@ class VoiceAgent(Agent):
 
     def on_audio(self, pcm: NDArray[np.int16]) -> None:
         self._tick += 1
+        self._ticked.set()
+        if self._user_speaking and not self._sensitive_heard:  # words said while a
+            self._sensitive_heard = self.sensitive  # sensitive slot is asked for
         if self._tick % LIMITS_EVERY == 0 and self.engine is not None:
             closing = self.engine.check_limits()  # the call is too long: say so, hang up
             if closing:
@@ -254,6 +283,7 @@ class VoiceAgent(Agent):
             return
         if self._user_speaking:
             self._last_speech_t = now
+            self._speech_tick = self._tick
             self._speech_ticks += 1
         if self._confirmed:
             self._run += 1
@@ -404,9 +434,12 @@ class VoiceAgent(Agent):
         if self._turn is undo.timing:
             self._turn = None
         self.engine = undo.engine  # as before the turn ended: no reply, no miss counted
-        # its words (transcribed or not yet) go first in the turn that goes on
+        # its words (transcribed or not yet) go first in the turn that goes on (and keep
+        # their mark if they answered a sensitive slot)
         self._carry = [*undo.spec.abort(), *self._carry]
-        log.info("caller went on after a pause: %r opens the turn", undo.spec.text)
+        self._sensitive_heard = self._sensitive_heard or undo.timing.sensitive
+        said = sensitive_text(undo.spec.text) if undo.timing.sensitive else undo.spec.text
+        log.info("caller went on after a pause: %r opens the turn", said)
 
     def _stop_reply(self) -> str:
         """Stop what we are saying (fading out on the wire), listen again; returns the part
@@ -469,7 +502,8 @@ class VoiceAgent(Agent):
         if is_backchannel(text, self.profile.barge_in.backchannels):
             self._resume(text)
         else:
-            log.debug("over a held reply: %r, not a backchannel", text)
+            shown = sensitive_text(text) if self.sensitive else text  # a PIN said over the
+            log.debug("over a held reply: %r, not a backchannel", shown)  # prompt for it
             self._commit_hold()
 
     def _resume(self, text: str) -> None:
@@ -532,7 +566,11 @@ class VoiceAgent(Agent):
             self._spec = None
 
     def _end_turn(self, reason: str, now: float) -> None:
-        timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason)
+        # sensitive if the caller spoke while a sensitive slot was asked for, since the last
+        # turn: those words may end up in this one (a pause that was not the end of a turn)
+        timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason,
+                            sensitive=self._sensitive_heard or self.sensitive)  # fmt: skip
+        self._sensitive_heard = False
         self.turns.append(timing)
         self._turn = timing
         assert self.engine is not None  # start() made it
@@ -556,23 +594,45 @@ class VoiceAgent(Agent):
                 await asyncio.wait({spec.task, heard}, return_when=asyncio.FIRST_COMPLETED)
                 heard.cancel()
             timing.asr_done, timing.text = spec.asr_done, spec.text
-            if gen != self._gen:  # the caller went on talking before we answered: it was a
-                if not spec.aborted:  # pause; these words open the next turn (unless the
-                    self._carry = spec.abort()  # merge that stopped us carried them)
+            if gen != self._gen:  # the caller went on talking before we answered
+                self._went_on(spec, timing)
                 return
             if not spec.heard.is_set() or not spec.text:
                 self._busy = False
                 return
             if not spec.task.done():  # a prepared reply goes out without a loop turn
                 await asyncio.shield(spec.task)
+            if spec.engine.last_missed:  # not understood: perhaps not finished either
+                await self._caller_quiet(gen, MISS_HOLD_TICKS)
+            if gen != self._gen:  # the caller went on meanwhile (the engine is still the
+                self._went_on(spec, timing)  # one from before the turn)
+                return
         except asyncio.CancelledError:
             spec.task.cancel()
             raise
         self.engine = spec.engine
         timing.reply_ready, timing.tts_first = spec.reply_ready, spec.tts_first
-        log.info("caller: %s", spec.text)
+        log.info("caller: %s", timing.caller_text)
         parts = _chain(spec.head, spec.rest)
         await self._play_parts(parts, timing, first=spec.first_audio)
+
+    def _went_on(self, spec: Speculation, timing: TurnTiming) -> None:
+        """The caller went on before we answered: it was a pause; these words open the next
+        turn (unless the merge that stopped us carried them), and so does their mark."""
+        if not spec.aborted:
+            self._carry = spec.abort()
+        self._sensitive_heard = self._sensitive_heard or timing.sensitive
+
+    async def _caller_quiet(self, gen: int, ticks: int) -> None:
+        """Until the caller has been quiet for ``ticks`` (speech starts the count afresh),
+        or reply ``gen`` was stopped."""
+        self._holding = True
+        try:
+            while gen == self._gen and not self._closed and self._tick - self._speech_tick < ticks:
+                self._ticked.clear()
+                await self._ticked.wait()
+        finally:
+            self._holding = False
 
     # -- speaking --------------------------------------------------------------------------
 
@@ -686,8 +746,8 @@ class VoiceAgent(Agent):
         timing.reported = True
         self._out.emit(
             TurnCompleted(
-                timing.text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in,
-                input="keypad" if timing.keys else "speech", keys=timing.keys,
+                timing.caller_text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in,
+                input="keypad" if timing.keys else "speech", keys=timing.caller_keys,
             )
         )  # fmt: skip
 
@@ -706,11 +766,13 @@ class VoiceAgent(Agent):
             self._key_turn(turn, now)
 
     def _key_turn(self, turn: KeyTurn, now: float) -> None:
-        """A keypad turn (a menu key, a finished entry): answered like a spoken one."""
+        """A keypad turn (a menu key, a finished entry): answered like a spoken one (a
+        sensitive entry's keys reach the engine only: the turn reports them masked)."""
         self._drop_speculation()
         if self._busy:
             self._barge_in()
-        timing = TurnTiming(speech_end=now, turn_end=now, reason=f"keypad {turn.ended_by}")
+        timing = TurnTiming(speech_end=now, turn_end=now, reason=f"keypad {turn.ended_by}",
+                            sensitive=turn.sensitive)  # fmt: skip
         timing.text, timing.keys = f"(keypad {turn.keys})", turn.keys
         self.turns.append(timing)
         self._turn = timing
@@ -723,7 +785,7 @@ class VoiceAgent(Agent):
             return
         audio, gap = self.flow.tick(
             now, played=self.playout.last_played > 0, replying=self._busy,
-            queued=self.playout.playing, caller=self._user_speaking,
+            queued=self.playout.playing, caller=self._user_speaking, holding=self._holding,
         )  # fmt: skip
         self._dead_air(gap)
         if audio is not None:

@@ -13,8 +13,13 @@ seconds. The events and the fields their builders below produce:
 - ``started``: ``caller``, ``callee``, ``direction``, ``trunk``
 - ``answered``: ``codec``
 - ``turn``: ``caller_text``, ``agent_text``, ``timings_ms`` (stage -> milliseconds),
-  ``barged_in``, ``input`` (``speech`` or ``keypad``) and ``keys`` (what a keypad turn keyed)
-- ``dtmf``: ``digit``, ``method``
+  ``barged_in``, ``input`` (``speech`` or ``keypad``) and ``keys`` (what a keypad turn keyed;
+  a sensitive slot's entry as one ``*`` per key, its ``caller_text`` ``[redacted N digits]``)
+- ``dtmf``: ``digit``, ``method``, ``masked`` (the key is shown as ``*``: it was part of a
+  sensitive slot's input or of a card number)
+- ``operator``: ``action`` (hangup, transfer, say, pause, resume), ``by`` (the operator
+  token's name; over MQTT the command's ``by``, else ``mqtt``), ``via`` (http or mqtt), and
+  ``target`` or ``text``
 - ``transfer``: ``target``, ``outcome``
 - ``model_fault``: ``stage``, ``reason``, ``action`` (a model raised or hung mid-call)
 - ``ended`` (the call's record): ``started_at``, ``answered_at``, ``ended_at``,
@@ -24,14 +29,16 @@ seconds. The events and the fields their builders below produce:
 
 Commands arrive on ``sipbridge/<node>/cmd/<call_id>``: ``{"cmd": "hangup"}``,
 ``{"cmd": "transfer", "target": "sip:..."}``, ``{"cmd": "say", "text": "..."}``,
-``{"cmd": "pause"}``, ``{"cmd": "resume"}``. ``parse_command`` turns a message into one of
-the ``Command`` dataclasses or a ``CommandError`` saying what was wrong; it never raises.
+``{"cmd": "pause"}``, ``{"cmd": "resume"}``; each may add ``"by": "NAME"`` (who sends it,
+for the call's timeline). ``parse_command`` turns a message into one of the ``Command``
+dataclasses or a ``CommandError`` saying what was wrong; it never raises.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -47,6 +54,7 @@ EVENTS = frozenset(
         "transfer",
         "recording",
         "model_fault",
+        "operator",
         "ended",
         "error",
     }
@@ -181,9 +189,14 @@ def turn(
             "keys": keys}  # fmt: skip
 
 
-def dtmf(digit: str, method: str = "rfc4733") -> dict[str, object]:
-    """A key the caller pressed (``method``: rfc4733 or info)."""
-    return {"digit": digit, "method": method}
+def dtmf(digit: str, method: str = "rfc4733", masked: bool = False) -> dict[str, object]:
+    """A key the caller pressed (``method``: rfc4733 or info); a ``masked`` one is ``*``."""
+    return {"digit": "*" if masked else digit, "method": method, "masked": masked}
+
+
+def operator(action: str, by: str, via: str, **detail: object) -> dict[str, object]:
+    """An operator acted on the call (``detail``: a transfer's ``target``, a say's ``text``)."""
+    return {"action": action, "by": by, "via": via, **detail}
 
 
 def transfer(target: str, outcome: str, status: int = 0, reason: str = "") -> dict[str, object]:
@@ -240,28 +253,33 @@ def error(source: str, message: str, **detail: object) -> dict[str, object]:
 @dataclass(frozen=True)
 class Hangup:
     call_id: str
+    by: str = ""  # who sent it, as the command says (the timeline's "by")
 
 
 @dataclass(frozen=True)
 class Transfer:
     call_id: str
     target: str
+    by: str = ""
 
 
 @dataclass(frozen=True)
 class Say:
     call_id: str
     text: str
+    by: str = ""
 
 
 @dataclass(frozen=True)
 class Pause:
     call_id: str
+    by: str = ""
 
 
 @dataclass(frozen=True)
 class Resume:
     call_id: str
+    by: str = ""
 
 
 Command = Hangup | Transfer | Say | Pause | Resume
@@ -285,6 +303,7 @@ _COMMAND_FIELDS: dict[str, str | None] = {
     "resume": None,
 }
 _MAX_FIELD_CHARS = {"target": 1024, "text": 4096}
+_BY = re.compile(r"[\w.@+-]{1,64}")
 
 
 def _no_duplicates(pairs: list[tuple[str, object]]) -> dict[str, object]:
@@ -337,9 +356,13 @@ def parse_command(
         known = ", ".join(sorted(_COMMAND_FIELDS))
         return CommandError(f"unknown cmd {cmd[:100]!r} (one of {known})", call_id, cmd[:100])
     field = _COMMAND_FIELDS[cmd]
-    extra = sorted(set(doc) - {"cmd", field})
+    extra = sorted(set(doc) - {"cmd", "by", field})
     if extra:
         return CommandError(f"{cmd}: unexpected field(s) {', '.join(extra)}", call_id, cmd)
+    by = doc.get("by", "")
+    if not isinstance(by, str) or (by and not _BY.fullmatch(by)):
+        return CommandError(f'{cmd}: "by" must be a name (letters, digits, ._@+-; at most 64)',
+                            call_id, cmd)  # fmt: skip
     value: str = ""
     if field is not None:
         got = doc.get(field)
@@ -350,11 +373,11 @@ def parse_command(
             return CommandError(f'{cmd}: "{field}" longer than {limit} characters', call_id, cmd)
         value = got
     if cmd == "hangup":
-        return Hangup(call_id)
+        return Hangup(call_id, by)
     if cmd == "transfer":
-        return Transfer(call_id, value)
+        return Transfer(call_id, value, by)
     if cmd == "say":
-        return Say(call_id, value)
+        return Say(call_id, value, by)
     if cmd == "pause":
-        return Pause(call_id)
-    return Resume(call_id)
+        return Pause(call_id, by)
+    return Resume(call_id, by)

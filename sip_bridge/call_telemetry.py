@@ -5,20 +5,37 @@ Why one place: the server has a handful of moments in a call's life (offered, an
 a turn, ended) and each sink wants the same facts in its own shape; the server calls
 :class:`CallTelemetry` once per moment and never waits on a sink (records are small
 autocommitted writes, metrics are counters, events are spooled by their link).
+
+It is also the one place where what must not be kept is taken out before any sink sees it
+(``[records] redact_card_numbers``, :mod:`agent.redaction`): card numbers in turns and
+operator texts, and keys that make one, which are held back (:class:`KeypadRun`) until it
+is known whether they do; keypad turns wait for their keys (:class:`KeypadTurns`: a card
+keyed one menu key at a time is as many turns). Keys and keypad turns of a sensitive slot
+arrive masked already.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from agent.base import DeadAir, TurnCompleted
+from agent.redaction import (
+    HeldKey,
+    KeypadRun,
+    KeypadTurns,
+    mask_card_keys,
+    redact_card_numbers,
+    redacted,
+)
 from sip_bridge import call_events as ce
 from sip_bridge.config_types import parse_hostport
 from sip_bridge.records import media_summary
@@ -37,6 +54,9 @@ __all__ = ["CallFacts", "CallTelemetry", "DeadAirTally", "EventSink", "hostport"
 log = logging.getLogger(__name__)
 
 RECENT_TURNS = 5  # per live call, for the console
+KEY_GAP_S = 4.0  # keys further apart than this are not one card number
+# the event fields that carry free text (what was said, typed or reported), redacted
+TEXT_FIELDS = frozenset({"caller_text", "agent_text", "text", "message", "reason"})
 
 #: ``publish(call_id, event, fields)``: a call event out (MQTT), never blocking.
 EventSink = Callable[[str, str, dict[str, Any]], object]
@@ -90,6 +110,10 @@ class CallTelemetry:
     mqtt: MqttLink | None = None  # events out, operator commands in
     # the last turns of each call in progress, for the operator console
     recent_turns: dict[str, deque[TurnCompleted]] = field(default_factory=dict)
+    redact: bool = True  # [records] redact_card_numbers
+    _keys: dict[str, KeypadRun] = field(default_factory=dict)  # held back, per call
+    _key_timers: dict[str, asyncio.TimerHandle] = field(default_factory=dict)
+    _key_turns: dict[str, KeypadTurns[TurnCompleted]] = field(default_factory=dict)
     # each call in progress whose agent measures it: dead air so far (console, records)
     dead_air: dict[str, DeadAirTally] = field(default_factory=dict)
 
@@ -109,6 +133,7 @@ class CallTelemetry:
         from sip_bridge.records_cli import default_db_path
 
         cut: list[dict[str, Any]] = []
+        self.redact = config.records.redact_card_numbers
         if config.records.enabled:
             self.records = CallRecords(config.records.db or default_db_path())
             cut = self.records.mark_interrupted(self.node)
@@ -175,7 +200,28 @@ class CallTelemetry:
         fields = ce.answered(codec, agent=agent, remote=remote, setup_ms=round(1000 * setup_s, 1))
         self._event(c.call_id, "answered", fields | ({"profile": profile} if profile else {}))
 
-    def turn(self, call_id: str, t: TurnCompleted) -> None:
+    def turn(self, call_id: str, t: TurnCompleted) -> bool:
+        """One turn of the call; True when its caller text held a card number (masked).
+        A keypad turn may wait for its keys' verdict (they may be part of a card number)."""
+        if not self.redact:
+            self._turn_out(call_id, t)
+            return False
+        # a card number said, or keyed into one entry (a sensitive slot's: the agent masked)
+        found = redact_card_numbers(t.caller_text)[1] + mask_card_keys(t.keys)[1]
+        if t.input != "keypad":
+            self._flush_keys(call_id)  # its keys go first
+            self._turn_out(call_id, t)
+            return bool(found)
+        ledger = self._key_turns.setdefault(call_id, KeypadTurns())
+        for turn, mask in ledger.add(t.keys, t):
+            self._turn_out(call_id, turn, mask)
+        return bool(found)
+
+    def _turn_out(self, call_id: str, t: TurnCompleted, card: list[bool] | None = None) -> None:
+        """A turn to every sink; ``card``: which of its digits a card number keyed across
+        turns holds (see KeypadTurns)."""
+        if self.redact:
+            t = _masked_turn(t, card or [])
         recent = self.recent_turns.get(call_id)
         if recent is None:
             recent = self.recent_turns[call_id] = deque(maxlen=RECENT_TURNS)
@@ -205,9 +251,14 @@ class CallTelemetry:
 
     def event(self, call_id: str, kind: str, fields: dict[str, Any]) -> None:
         """A line in the call's timeline (``fields`` from the call_events builder of
-        ``kind``: dtmf, transfer, recording): records and events."""
+        ``kind``: transfer, recording, operator...): records and events."""
+        self._flush_keys(call_id)
+        self._timeline(call_id, kind, self._redacted(fields))
+
+    def _timeline(self, call_id: str, kind: str, fields: dict[str, Any],
+                  at: float | None = None) -> None:  # fmt: skip
         if self.records is not None:
-            self.records.event(call_id, kind, fields)
+            self.records.event(call_id, kind, fields, at=at)
         self._event(call_id, kind, fields)
 
     def transfer_ended(
@@ -224,9 +275,69 @@ class CallTelemetry:
             self.metrics.transfer_ended(outcome, status)
         self.event(call_id, "transfer", ce.transfer(target, outcome, status, reason))
 
+    def _redacted(self, fields: dict[str, Any]) -> dict[str, Any]:
+        if not self.redact:
+            return fields
+        return {k: redact_card_numbers(v)[0] if k in TEXT_FIELDS and isinstance(v, str) else v
+                for k, v in fields.items()}  # fmt: skip
+
+    def operator(self, call_id: str, action: str, by: str, via: str, **detail: object) -> None:
+        """An operator acted on the call (hang-up, transfer, say...): who, and how."""
+        self.event(call_id, "operator", ce.operator(action, by, via, **detail))
+
+    # -- keys ------------------------------------------------------------------------------
+
+    def dtmf(self, call_id: str, digit: str, method: str = "rfc4733",
+             sensitive: bool = False) -> None:  # fmt: skip
+        """A key the caller pressed. ``sensitive``: part of a sensitive slot's input, kept
+        as ``*``. Other digits wait until it is known whether they make a card number."""
+        seq = -1
+        if not sensitive and self.redact and "0" <= digit <= "9" and len(digit) == 1:
+            seq = self._key_turns.setdefault(call_id, KeypadTurns()).pressed(digit)
+        key = HeldKey(digit, time.time(), method, seq)
+        if sensitive or not self.redact:
+            self._flush_keys(call_id)
+            self._timeline(call_id, "dtmf", ce.dtmf(digit, method, sensitive), at=key.at)
+            return
+        run = self._keys.get(call_id)
+        if run is None:
+            run = self._keys[call_id] = KeypadRun(KEY_GAP_S)
+        self._keys_out(call_id, run.push(key))
+        timer = self._key_timers.pop(call_id, None)
+        if timer is not None:
+            timer.cancel()
+        if run.holding:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:  # no loop (a tool, a test): they go at the next event
+                return
+            self._key_timers[call_id] = loop.call_later(KEY_GAP_S, self._flush_keys, call_id)
+
+    def _flush_keys(self, call_id: str) -> None:
+        """The call's run of keys is over: every held key goes out."""
+        timer = self._key_timers.pop(call_id, None)
+        if timer is not None:
+            timer.cancel()
+        run = self._keys.get(call_id)
+        if run is not None and run.holding:
+            self._keys_out(call_id, run.flush())
+
+    def _keys_out(self, call_id: str, keys: list[tuple[HeldKey, bool]]) -> None:
+        ledger = self._key_turns.get(call_id)
+        for key, masked in keys:
+            self._timeline(call_id, "dtmf", ce.dtmf(key.digit, key.method, masked), at=key.at)
+            if ledger is not None:  # the keypad turns waiting for this key
+                for turn, mask in ledger.released(key.seq, masked):
+                    self._turn_out(call_id, turn, mask)
+
     def ended(
         self, c: CallFacts, outcome: str, reason: str, media: MediaStats | None = None
     ) -> None:
+        self._flush_keys(c.call_id)
+        self._keys.pop(c.call_id, None)
+        ledger = self._key_turns.pop(c.call_id, None)
+        for turn, mask in ledger.drain() if ledger is not None else ():
+            self._turn_out(c.call_id, turn, mask)
         self.recent_turns.pop(c.call_id, None)
         tally = self.dead_air.pop(c.call_id, None)
         now = time.time()
@@ -264,6 +375,8 @@ class CallTelemetry:
                     log.warning("call %s: event %s not sent: %s", call_id, kind, exc)
 
     async def close(self) -> None:
+        for call_id in list(self._keys):
+            self._flush_keys(call_id)
         if self.records is not None:
             self.records.close()
         if self.http is not None:
@@ -273,3 +386,18 @@ class CallTelemetry:
             set_inference_observer(None)
         if self.mqtt is not None:  # the last events (ended) go out if the broker is there
             await self.mqtt.stop(drain_timeout=2.0)
+
+
+def _masked_turn(t: TurnCompleted, keyed: list[bool]) -> TurnCompleted:
+    """``t`` as it may be kept: card numbers out of its texts and keys; ``keyed``: which of
+    its digits belong to a card number keyed across turns."""
+    keys = t.keys
+    if any(keyed):
+        it = iter(keyed)
+        keys = "".join("*" if "0" <= ch <= "9" and next(it, True) else ch for ch in t.keys)
+        shown = re.sub(r"\*+", lambda m: redacted(len(m.group())), keys)
+        t = replace(t, caller_text=f"(keypad {shown})")
+    caller, _ = redact_card_numbers(t.caller_text)
+    agent, _ = redact_card_numbers(t.agent_text)
+    keys, _ = mask_card_keys(keys)
+    return replace(t, caller_text=caller, agent_text=agent, keys=keys)

@@ -159,7 +159,8 @@ async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeC
         ok = await reload_bridge(server, lambda: _load(args, choice))
         if ok:  # [log] may have changed too
             log_cfg = server.config.log
-            logs.configure(log_cfg.format, log_cfg.level, verbose=args.verbose)
+            logs.configure(log_cfg.format, log_cfg.level, verbose=args.verbose,
+                           redact=server.config.records.redact_card_numbers)  # fmt: skip
         what = "config reloaded" if ok else "config reload refused (see the log)"
         notifier.ready(f"answering calls at {server.uri}; {what}")
         return ok
@@ -339,7 +340,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"sip-bridge: {exc}", file=sys.stderr)
         return 2
-    logs.configure(config.log.format, config.log.level, verbose=args.verbose)
+    logs.configure(config.log.format, config.log.level, verbose=args.verbose,
+                   redact=config.records.redact_card_numbers)  # fmt: skip
     for warning in config.warnings:  # allowed, but probably not what the operator meant
         logging.getLogger("sip_bridge.config").warning("%s", warning)
     try:

@@ -166,7 +166,13 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "control": {"socket": (str,), "reload_on_change": (bool,)},
     "node": {"name": (str,)},
-    "records": {"enabled": (bool,), "db": (str,), "recordings_dir": (str,)},
+    "records": {
+        "enabled": (bool,),
+        "db": (str,),
+        "recordings_dir": (str,),
+        "keep_days": (int,),
+        "redact_card_numbers": (bool,),
+    },
     "metrics": {"listen": (str,)},
     "mqtt": {
         "enabled": (bool,),
@@ -182,6 +188,9 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "ice_addresses": (list,),
         "operator_token_env": (str,),
         "operator_token_file": (str,),
+        "viewer_token_env": (str,),
+        "viewer_token_file": (str,),
+        "allow_anonymous_reads": (bool,),
         "max_sessions": (int,),
         "token_ttl_s": (int, float),
     },
@@ -361,6 +370,9 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     records = RecordsConfig(**data.get("records", {}))
     if records.db and not Path(records.db).is_absolute():
         records = replace(records, db=str(Path(p).resolve().parent / records.db))
+    if not 0 <= records.keep_days <= 36500:
+        line = _line_of(text, "records", "keep_days")
+        raise ConfigError(p, line, "records.keep_days", "must be 0 (keep forever) .. 36500 days")
     if records.recordings_dir and not Path(records.recordings_dir).is_absolute():
         where = str(Path(p).resolve().parent / records.recordings_dir)
         records = replace(records, recordings_dir=where)

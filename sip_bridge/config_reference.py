@@ -100,15 +100,25 @@ MEANINGS: dict[str, str] = {
     "records.enabled": "call records in SQLite (`sip-bridge calls list|show`)",
     "records.db": "empty: `$SIP_BRIDGE_DATA/calls.sqlite`, else ~/.local/share/sip-bridge/",
     "records.recordings_dir": "a stereo WAV per call here (caller left, agent right); empty: off",
+    "records.keep_days": "calls (row, turns, events) and recordings older than this are purged"
+    " at start and daily; 0 = kept forever (docs/callers-data.md)",
+    "records.redact_card_numbers": "mask card numbers (Luhn-valid 13-19 digits, written, spoken"
+    " or keyed) in records, events and logs",
     "metrics.listen": "`HOST:PORT` of `/metrics` and `/healthz`; empty: off",
     "http.listen": "`HOST:PORT` of the talk page (`/talk`) and the operator console"
     " (`/console`); empty: off",
     "http.ice_addresses": "IP addresses WebRTC media may use (host candidates, never STUN);"
     " empty: the listen address, or every host address when listening on `0.0.0.0`/`::`",
-    "http.operator_token_env": "environment variable holding the operator token that console"
-    " actions (hang up, transfer) need; no token: the console is read-only",
-    "http.operator_token_file": "a file (relative to this file) whose first line is the operator"
-    " token, instead of `operator_token_env`; at least 16 characters",
+    "http.operator_token_env": "environment variable holding the operator token (reads and acts:"
+    " hang up, transfer, say; named after the variable); none: the console is read-only",
+    "http.operator_token_file": "a file (relative to this file) of operator tokens, one a line"
+    " (`NAME TOKEN` or `TOKEN`), instead of `operator_token_env`; at least 16 characters each",
+    "http.viewer_token_env": "environment variable holding a viewer token: reads calls,"
+    " transcripts, recordings; needed (or an operator token) on a non-loopback listen",
+    "http.viewer_token_file": "a file of viewer tokens, one a line (`NAME TOKEN` or `TOKEN`),"
+    " instead of `viewer_token_env`",
+    "http.allow_anonymous_reads": "on a non-loopback listen, let anyone read without a token"
+    " (logged at start); false: the bridge refuses to start without a token",
     "http.max_sessions": "browser sessions at once (1..1000); more get 503",
     "http.token_ttl_s": "seconds a talk page may start sessions with its page token (10..86400)",
     "mqtt.enabled": "call events out and commands in over MQTT",

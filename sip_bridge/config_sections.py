@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import ipaddress
 import os
+import re
 import wave
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,15 +19,18 @@ from agent.voice_settings import VoiceSettings
 from agent.wav_format import describe_wav, unsupported_wav
 from sip_bridge.config_types import (
     MODEL_FAULT_ACTIONS,
+    TOKEN_ROLES,
     AgentConfig,
     ConfigError,
     HttpConfig,
+    HttpToken,
     SpeechModelConfig,
     TlsConfig,
     TransferConfig,
     _check_hostport,
     _choice,
     _line_of,
+    exposure_problem,
     is_file,
 )
 
@@ -40,7 +45,9 @@ __all__ = [
 
 
 def build_http(section: dict[str, Any], text: str, p: str) -> HttpConfig:
-    """[http]: addresses checked, the operator token read now (never kept in the file)."""
+    """[http]: addresses checked, the tokens read now (never kept in the file), and a
+    listener others can reach refused unless reading there needs a token or
+    ``allow_anonymous_reads`` says it need not."""
 
     def fail(key: str, why: str) -> ConfigError:
         return ConfigError(p, _line_of(text, "http", key), f"http.{key}", why)
@@ -57,23 +64,56 @@ def build_http(section: dict[str, Any], text: str, p: str) -> HttpConfig:
         raise fail("max_sessions", "must be 1..1000")
     if not 10 <= h.token_ttl_s <= 86400:
         raise fail("token_ttl_s", "must be 10..86400 s")
-    if h.operator_token_env and h.operator_token_file:
-        raise fail("operator_token_file", "give operator_token_env or operator_token_file")
-    token = ""
-    if h.operator_token_env:
-        token = os.environ.get(h.operator_token_env, "")
-        if not token:
-            raise fail("operator_token_env", f"{h.operator_token_env} is not set")
-    elif h.operator_token_file:
-        f = Path(p).resolve().parent / h.operator_token_file
-        try:
-            token = f.read_text().strip().splitlines()[0].strip()
-        except (OSError, IndexError, UnicodeDecodeError):
-            raise fail("operator_token_file", f"cannot read a token from {f}") from None
-    if token and len(token) < 16:
-        key = "operator_token_env" if h.operator_token_env else "operator_token_file"
-        raise fail(key, "the operator token must have at least 16 characters")
-    return replace(h, operator_token=token)
+    tokens: list[HttpToken] = []
+    for role in TOKEN_ROLES:
+        env, file = getattr(h, f"{role}_token_env"), getattr(h, f"{role}_token_file")
+        if env and file:
+            raise fail(f"{role}_token_file", f"give {role}_token_env or {role}_token_file")
+        if env:
+            secret = os.environ.get(env, "").strip()
+            if not secret:
+                raise fail(f"{role}_token_env", f"{env} is not set")
+            tokens.append(HttpToken(env, role, secret))
+        elif file:
+            tokens += _token_file(Path(p).resolve().parent / file, role, fail)
+    names: dict[str, HttpToken] = {}
+    for t in tokens:
+        key = f"{t.role}_token_env" if getattr(h, f"{t.role}_token_env") else f"{t.role}_token_file"
+        if len(t.secret) < 16:
+            raise fail(key, f"the {t.role} token {t.name!r} must have at least 16 characters")
+        if t.name in names or any(t.secret == o.secret for o in names.values()):
+            raise fail(key, f"token {t.name!r}: each token needs a name and a secret of its own")
+        names[t.name] = t
+    h = replace(h, tokens=tuple(tokens))
+    problem = exposure_problem(h)
+    if problem:
+        raise ConfigError(p, _line_of(text, "http", "listen"), "http.viewer_token_env", problem)
+    return h
+
+
+_TOKEN_NAME = re.compile(r"[\w.@+-]{1,64}")
+
+
+def _token_file(f: Path, role: str, fail: Callable[[str, str], ConfigError]) -> list[HttpToken]:
+    """A token file: one token a line, ``NAME TOKEN`` or just ``TOKEN`` (named after the
+    file); blank lines and ``#`` comments skipped."""
+    key = f"{role}_token_file"
+    try:
+        lines = f.read_text().splitlines()
+    except (OSError, UnicodeDecodeError):
+        raise fail(key, f"cannot read a token from {f}") from None
+    out = []
+    for n, raw in enumerate(lines, 1):
+        words = raw.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if len(words) > 2 or (len(words) == 2 and not _TOKEN_NAME.fullmatch(words[0])):
+            raise fail(key, f"{f}:{n}: expected TOKEN or NAME TOKEN")
+        name = words[0] if len(words) == 2 else f.name
+        out.append(HttpToken(name, role, words[-1]))
+    if not out:
+        raise fail(key, f"cannot read a token from {f}")
+    return out
 
 
 def build_model_fault(a: AgentConfig, text: str, p: str) -> AgentConfig:

@@ -25,11 +25,14 @@ __all__ = [
     "LOG_LEVELS",
     "MODEL_FAULT_ACTIONS",
     "SYMMETRIC",
+    "TOKEN_ROLES",
     "TRANSPORTS",
     "AgentConfig",
     "BridgeConfig",
     "ConfigError",
     "ControlConfig",
+    "HttpConfig",
+    "HttpToken",
     "InboundConfig",
     "JitterConfig",
     "LogConfig",
@@ -43,7 +46,9 @@ __all__ = [
     "TimersConfig",
     "TlsConfig",
     "TransferConfig",
+    "exposure_problem",
     "is_file",
+    "loopback_host",
     "parse_hostport",
     "parse_port_range",
 ]
@@ -224,6 +229,8 @@ class RecordsConfig:
     enabled: bool = True
     db: str = ""  # empty: $SIP_BRIDGE_DATA/calls.sqlite, else ~/.local/share/sip-bridge/
     recordings_dir: str = ""  # a stereo WAV per call here (caller left, agent right); "": off
+    keep_days: int = 90  # records and recordings older than this are purged; 0 = forever
+    redact_card_numbers: bool = True  # mask Luhn-valid 13-19 digit runs (agent.redaction)
 
 
 @dataclass(frozen=True)
@@ -231,6 +238,19 @@ class MetricsConfig:
     """Prometheus ``/metrics`` and the ``/healthz`` readiness probe over HTTP."""
 
     listen: str = ""  # HOST:PORT; empty: off
+
+
+#: What a console token allows: ``viewer`` reads, ``operator`` reads and acts.
+TOKEN_ROLES = ("viewer", "operator")
+
+
+@dataclass(frozen=True)
+class HttpToken:
+    """A token that opens the console; its name goes on the timeline of what it does."""
+
+    name: str
+    role: str  # one of TOKEN_ROLES
+    secret: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -241,9 +261,51 @@ class HttpConfig:
     ice_addresses: tuple[str, ...] = ()  # WebRTC host candidates; empty: the listen host
     operator_token_env: str = ""  # console actions need this token (hang up, transfer)
     operator_token_file: str = ""
-    operator_token: str = ""  # resolved from the env variable or the file at load time
+    viewer_token_env: str = ""  # reads (calls, transcripts, recordings) with this token
+    viewer_token_file: str = ""
+    allow_anonymous_reads: bool = False  # a non-loopback listen without tokens: say so here
     max_sessions: int = 4  # browser sessions at once
     token_ttl_s: float = 600.0  # how long a talk page may start sessions
+    # resolved from the env variables and files at load time, never from the file itself
+    tokens: tuple[HttpToken, ...] = field(default=(), repr=False)
+
+    @property
+    def operator_token(self) -> str:
+        """An operator token's secret ("" without one): actions are possible."""
+        return next((t.secret for t in self.tokens if t.role == "operator"), "")
+
+    @property
+    def loopback(self) -> bool:
+        """Only this host can reach the listener."""
+        return bool(self.listen) and loopback_host(parse_hostport(self.listen)[0])
+
+    @property
+    def reads_need_token(self) -> bool:
+        """Calls, transcripts and recordings are read with a viewer or operator token."""
+        return bool(self.listen) and not self.loopback and not self.allow_anonymous_reads
+
+
+def exposure_problem(http: HttpConfig) -> str:
+    """Why ``http`` must not start ("" when it may): a listener others can reach, with no
+    token to read with and no ``allow_anonymous_reads`` to say that is meant."""
+    if not http.reads_need_token or http.tokens:
+        return ""
+    return (
+        f"http.listen {http.listen} is not loopback, and reading callers' numbers, "
+        "transcripts and recordings there needs a token: set http.viewer_token_env (or "
+        "viewer_token_file, or an operator token), or http.allow_anonymous_reads = true to "
+        "let anyone who reaches the port read them"
+    )
+
+
+def loopback_host(host: str) -> bool:
+    """``localhost`` or a loopback address (127.0.0.0/8, ::1): nothing else reaches it."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @dataclass(frozen=True)
@@ -345,6 +407,9 @@ class BridgeConfig:
             if http != "off":
                 _check_hostport(http, where, None, "--http")
             cfg = replace(cfg, http=replace(cfg.http, listen="" if http == "off" else http))
+            problem = exposure_problem(cfg.http)
+            if problem:
+                raise ConfigError(where, None, "http.viewer_token_env", f"--http: {problem}")
         if listen is not None:
             _check_hostport(listen, where, None, "--listen")
             cfg = replace(cfg, sip=replace(cfg.sip, listen=listen))

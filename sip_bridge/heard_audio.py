@@ -11,6 +11,13 @@ socket, so it is what a person on the line would perceive:
   pauses between words and sentences of a reply that goes on).
 - :func:`dead_air_gaps`: silences while the caller waits for the agent (the script says
   when it waits: :class:`Span`), including the wait for the first word.
+
+Ringback (the 440 + 480 Hz pair a transfer plays while the target rings) is told apart
+from speech, frame by frame as it arrives: it is sound, and its cadence's off time after
+a burst (4 s) is part of it, not dead air (a caller hears it as progress: the agent's own
+meter counts it the same way, :mod:`agent.dead_air`); but it has no words, so what is
+transcribed (:meth:`HeardAudio.segments` and :meth:`HeardAudio.audio` with
+``speech_only``) leaves it out.
 """
 
 from __future__ import annotations
@@ -23,8 +30,11 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.hold_audio import RINGBACK
+
 __all__ = [
     "FRAME_S",
+    "RINGBACK_OFF_S",
     "SPEECH_DBFS",
     "Gap",
     "HeardAudio",
@@ -35,6 +45,7 @@ __all__ = [
     "dead_air_gaps",
     "frame_dbfs",
     "merge_spans",
+    "ringback_like",
     "turn_latency",
 ]
 
@@ -43,6 +54,31 @@ FRAME_S = 0.02
 SPEECH_DBFS = -45.0
 #: Silence inside a reply (between words, sentences) is shorter than this.
 STOP_SILENCE_S = 0.5
+#: Ringback: the tone pair, and the silence after each burst (what the bridge plays).
+RINGBACK_HZ: tuple[float, ...] = RINGBACK[0]
+RINGBACK_OFF_S: float = RINGBACK[2]
+#: Frames of the tone pair in a row before they count as ringback (speech has moments
+#: near 440/480 Hz too), and frames either side of such a run that count with it (a
+#: burst's first and last frames, part tone and part silence, may not look like it).
+RINGBACK_RUN = 10
+RINGBACK_EDGE = 2
+_RATE = 8000
+_probes: dict[int, NDArray[np.complex128]] = {}
+
+
+def ringback_like(pcm: NDArray[np.int16]) -> bool:
+    """Most of the frame's energy at 440 and 480 Hz, and a good share at each (a lone
+    440 Hz tone is not ringback)."""
+    probe = _probes.get(pcm.size)
+    if probe is None:
+        n = np.arange(pcm.size)
+        probe = _probes[pcm.size] = np.exp(-2j * np.pi * np.outer(RINGBACK_HZ, n) / _RATE)
+    x = pcm.astype(np.float64)
+    total = float(np.dot(x, x))
+    if total <= 0.0:
+        return False
+    shares = 2 * np.abs(probe @ x) ** 2 / (pcm.size * total)
+    return bool(shares.min() > 0.3 and shares.sum() > 0.7)
 
 
 def frame_dbfs(pcm: NDArray[np.int16]) -> float:
@@ -78,16 +114,56 @@ class HeardAudio:
         self.threshold_dbfs = threshold_dbfs
         self.times: list[float] = []
         self.frames: list[NDArray[np.int16]] = []
+        self.ringback: list[bool] = []  # per frame: part of a ringback burst
         self._loud: list[float] = []  # arrival times of loud frames, ascending
+        self._speech: list[float] = []  # ... of the loud frames that are not ringback
+        self._rang: list[float] = []  # ... of the ringback frames
+        self._tone_run = 0  # ringback-like frames in a row, up to the last one
+        self._after_ring = 0  # frames after a burst that still count with it
 
     def add(self, t: float, pcm: NDArray[np.int16]) -> None:
         """One received frame; ``t`` never goes back (arrival order)."""
         if self.times and t < self.times[-1]:
             t = self.times[-1]
+        i = len(self.frames)
         self.times.append(t)
         self.frames.append(pcm)
+        ring = False
+        if ringback_like(pcm):
+            self._tone_run += 1
+            if self._tone_run == RINGBACK_RUN:  # the run is ringback, and the edge before it
+                self._mark_ringback(max(0, i - RINGBACK_RUN + 1 - RINGBACK_EDGE))
+            ring = self._tone_run >= RINGBACK_RUN
+        else:
+            if self._tone_run >= RINGBACK_RUN:
+                self._after_ring = RINGBACK_EDGE
+            self._tone_run = 0
+            if self._after_ring:
+                self._after_ring -= 1
+                ring = True
+        self.ringback.append(ring)
+        if ring:
+            self._rang.append(t)
         if frame_dbfs(pcm) > self.threshold_dbfs:
             self._loud.append(t)
+            if not ring:
+                self._speech.append(t)
+
+    def _mark_ringback(self, first: int) -> None:
+        """Frames ``first`` up to the last one are ringback after all (they are the most
+        recent ones: the tail of the speech list)."""
+        since = self.times[first]
+        while self._speech and self._speech[-1] >= since:
+            self._speech.pop()
+        for k in range(first, len(self.ringback)):
+            if not self.ringback[k]:
+                self.ringback[k] = True
+                bisect.insort(self._rang, self.times[k])
+
+    def ringback_at(self, t: float) -> bool:
+        """The frame that arrived at ``t`` (the last one by then) was ringback."""
+        i = bisect.bisect_right(self.times, t)
+        return i > 0 and self.ringback[i - 1]
 
     def loud_between(self, t0: float, t1: float) -> list[float]:
         """Arrival times of loud frames in [t0, t1]."""
@@ -108,11 +184,15 @@ class HeardAudio:
         i = bisect.bisect_left(self._loud, since)
         return self._loud[i] if i < len(self._loud) else None
 
-    def segments(self, t0: float, t1: float, gap_s: float) -> list[Segment]:
-        """Sound between ``t0`` and ``t1``, split where it was quiet for ``gap_s`` or more."""
+    def segments(
+        self, t0: float, t1: float, gap_s: float, *, speech_only: bool = False
+    ) -> list[Segment]:
+        """Sound between ``t0`` and ``t1``, split where it was quiet for ``gap_s`` or more
+        (``speech_only``: ringback is not sound here, it has no words)."""
+        loud = self._speech if speech_only else self._loud
         out: list[Segment] = []
         start = end = None
-        for t in self.loud_between(t0, t1):
+        for t in loud[bisect.bisect_left(loud, t0) : bisect.bisect_right(loud, t1)]:
             if end is not None and t - end >= gap_s:
                 assert start is not None
                 out.append(Segment(start, end))
@@ -124,13 +204,15 @@ class HeardAudio:
             out.append(Segment(start, end))
         return out
 
-    def audio(self, t0: float, t1: float) -> NDArray[np.int16]:
-        """The samples of the frames that arrived in [t0, t1)."""
+    def audio(self, t0: float, t1: float, *, speech_only: bool = False) -> NDArray[np.int16]:
+        """The samples of the frames that arrived in [t0, t1) (``speech_only``: without
+        the ringback frames)."""
         i = bisect.bisect_left(self.times, t0)
         j = bisect.bisect_left(self.times, t1)
-        if i >= j:
-            return np.zeros(0, np.int16)
-        return np.concatenate(self.frames[i:j])
+        frames = [
+            f for k, f in enumerate(self.frames[i:j], i) if not (speech_only and self.ringback[k])
+        ]
+        return np.concatenate(frames) if frames else np.zeros(0, np.int16)
 
 
 def turn_latency(heard: HeardAudio, caller_end: float, until: float) -> float | None:
@@ -236,7 +318,8 @@ def merge_spans(spans: Sequence[Span], slack_s: float = 0.05) -> list[Span]:
 
 def dead_air_gaps(heard: HeardAudio, spans: Sequence[Span], merge_s: float = 0.7) -> list[Gap]:
     """Silences while the caller waited: before the agent's first sound, between its
-    sounds (pauses under ``merge_s`` are part of speech), and at the end of a wait whose
+    sounds (pauses under ``merge_s`` are part of speech; after a ringback burst, its
+    cadence's off time, give or take a packet's jitter), and at the end of a wait whose
     ``open_end`` says so."""
     gaps: list[Gap] = []
     for span in merge_spans(spans):
@@ -244,7 +327,10 @@ def dead_air_gaps(heard: HeardAudio, spans: Sequence[Span], merge_s: float = 0.7
         for seg in heard.segments(span.start - merge_s, span.end, merge_s):
             if seg.start > cursor:
                 gaps.append(Gap(cursor, min(seg.start, span.end)))
-            cursor = max(cursor, seg.end)
+            end = seg.end
+            if heard.ringback_at(seg.end - FRAME_S):  # the burst's off time rings on
+                end += RINGBACK_OFF_S + 2 * FRAME_S
+            cursor = max(cursor, end)
         if span.open_end and span.end > cursor:
             gaps.append(Gap(cursor, span.end))
     return [g for g in gaps if g.seconds > 0]

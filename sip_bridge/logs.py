@@ -20,13 +20,17 @@ from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, TextIO
 
+from agent.redaction import redact_card_numbers
+
 __all__ = [
     "CALL_ID",
     "JsonFormatter",
+    "TextFormatter",
     "banner",
     "call_context",
     "call_id_of",
     "configure",
+    "make_handler",
     "neutral_context",
 ]
 
@@ -71,9 +75,27 @@ def call_id_of(record: logging.LogRecord) -> str | None:
     return CALL_ID.get()
 
 
+class TextFormatter(logging.Formatter):
+    """A line for a person (:data:`TEXT_FORMAT`); ``redact``: card numbers masked in the
+    message and traceback (``[records] redact_card_numbers``, see :mod:`agent.redaction`)."""
+
+    def __init__(self, redact: bool = True) -> None:
+        super().__init__(TEXT_FORMAT)
+        self.redact = redact
+
+    def format(self, record: logging.LogRecord) -> str:
+        line = super().format(record)
+        return redact_card_numbers(line)[0] if self.redact else line
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: ``ts`` (UTC, ISO 8601), ``level``, ``logger``, ``msg``,
-    ``call_id`` when the line is about a call, ``exc`` with a traceback."""
+    ``call_id`` when the line is about a call, ``exc`` with a traceback; ``redact``: card
+    numbers masked in ``msg`` and ``exc``."""
+
+    def __init__(self, redact: bool = False) -> None:
+        super().__init__()
+        self.redact = redact
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {
@@ -85,23 +107,35 @@ class JsonFormatter(logging.Formatter):
         call_id = call_id_of(record)
         if call_id is not None:
             out["call_id"] = call_id
-        if record.exc_info:
-            out["exc"] = self.formatException(record.exc_info)
-        elif record.exc_text:
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
             out["exc"] = record.exc_text
+        if self.redact:
+            for key in ("msg", "exc"):
+                if key in out:
+                    out[key] = redact_card_numbers(out[key])[0]
         return json.dumps(out, ensure_ascii=False, default=str)
 
 
+def make_handler(fmt: str = "text", stream: TextIO | None = None, *, redact: bool = True
+                 ) -> logging.Handler:  # fmt: skip
+    """A handler writing ``fmt`` lines to ``stream`` (stderr), card numbers masked unless
+    ``redact`` is off."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(JsonFormatter(redact) if fmt == "json" else TextFormatter(redact))
+    return handler
+
+
 def configure(fmt: str = "text", level: str = "warning", *, verbose: bool = False,
-              stream: TextIO | None = None) -> None:  # fmt: skip
+              stream: TextIO | None = None, redact: bool = True) -> None:  # fmt: skip
     """Replace the root logger's handlers with one on ``stream`` (stderr) in ``fmt``.
-    ``verbose`` (``run -v``) logs at least INFO. Called again on a reload."""
+    ``verbose`` (``run -v``) logs at least INFO; ``redact`` masks card numbers
+    (``[records] redact_card_numbers``). Called again on a reload."""
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)
-    handler = logging.StreamHandler(stream or sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
-    root.addHandler(handler)
+    root.addHandler(make_handler(fmt, stream, redact=redact))
     wanted = _LEVELS[level]
     root.setLevel(min(wanted, logging.INFO) if verbose else wanted)
     # registration changes are worth a line unless only errors are wanted

@@ -298,9 +298,11 @@ class CallMedia:
         for d in digits:
             self.dtmf_digits += 1
             event = DtmfEvent(d.digit, d.duration_ms)
-            self._event_to_agent(event)
+            # the record first: it reads the agent's state the key was typed in (a key that
+            # ends a sensitive slot's entry is masked; the agent leaves the slot on it)
             if self.on_caller_dtmf is not None:
                 self.on_caller_dtmf(event)
+            self._event_to_agent(event)
 
     def _event_to_agent(self, event: AgentEvent) -> None:
         token = CALL_ID.set(self.call.call_id)  # the clock serves every call: say which

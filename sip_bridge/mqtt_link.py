@@ -20,8 +20,9 @@ sent again: at least once, in order per node, duplicates recognisable by ``seq``
 Spool layout in ``spool_dir``: segment files ``<first seq>.jsonl`` (one event per line,
 exactly the MQTT payload) and ``cursor.json`` (``{"delivered": seq, "next_seq": n}``,
 replaced atomically). A crash can leave a torn last line; it is cut off at start. Segments
-whose events are all delivered are deleted; the active one when everything is delivered and
-it has grown past ``compact_bytes``. Beyond ``max_spool_bytes`` the oldest segment is
+whose events are all delivered are deleted, the active one too as soon as everything is
+delivered (past ``compact_bytes``, 0 by default): events hold what callers said, and what
+the broker has is not kept here as well. Beyond ``max_spool_bytes`` the oldest segment is
 deleted and its undelivered events are counted in ``stats.dropped`` (logged once). Writes
 are flushed to the OS but not fsync'ed: a process crash loses nothing, a power cut may lose
 the newest lines.
@@ -107,7 +108,7 @@ class MqttLink:
         password: str | None = None,
         keepalive: int = 30,
         max_spool_bytes: int = 100 * 1024 * 1024,
-        compact_bytes: int = 1024 * 1024,
+        compact_bytes: int = 0,
         backoff: tuple[float, float] = (0.5, 10.0),
         window: int = 16,
         clock: Callable[[], float] = time.time,
@@ -258,7 +259,8 @@ class MqttLink:
             while len(self._segs) > 1 and self._segs[1] - 1 <= self._delivered:
                 self._unlink(self._segs.pop(0))
             everything = self._delivered >= self._last_written
-            if self._segs and everything and self._sizes[self._segs[-1]] >= self._compact_bytes:
+            active = self._sizes[self._segs[-1]] if self._segs else 0
+            if everything and active and active >= self._compact_bytes:
                 self._close_writer()
                 self._unlink(self._segs.pop())
             self._floor = self._segs[0] if self._segs else self._next_seq

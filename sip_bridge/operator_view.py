@@ -22,24 +22,34 @@ __all__ = ["apply_command", "bridge_status"]
 log = logging.getLogger("sip_bridge.server")
 
 
-def apply_command(server: BridgeServer, call_id: str, command: Command) -> None:
-    """An operator's command for one call (MQTT); ValueError becomes an error event."""
+def apply_command(
+    server: BridgeServer, call_id: str, command: Command, *, by: str = "", via: str = "mqtt"
+) -> None:
+    """An operator's command for one call (MQTT, or the console's API: ``via``); ValueError
+    becomes an error event. What is done goes on the call's timeline with ``by``, the
+    operator token's name (over MQTT the command's own ``by``, else "mqtt")."""
     call = server.calls.get(call_id)
     if call is None or call.ended:
         raise ValueError(f"no call {call_id} in progress here")
-    log.info("call %s: operator command %s", call_id, command)
+    by = by or command.by or via
+    action = type(command).__name__.lower()
+    log.info("call %s: operator command %s by %s (%s)", call_id, command, by, via)
     if isinstance(command, Hangup):
+        server.telemetry.operator(call_id, action, by, via)
         server._hangup(call_id, "operator hung up")
         return
     if isinstance(command, Transfer):
         assert server.ua is not None
+        server.telemetry.operator(call_id, action, by, via, target=command.target)
         now = asyncio.get_running_loop().time()
         server._handle(server.ua.transfer(call_id, command.target, now))
         return
     agent = call.media.agent if call.media is not None else None
     if agent is None or not agent.takes_commands:
         name = agent.name if agent is not None else "(not answered yet)"
-        raise ValueError(f"agent {name} does not take {type(command).__name__.lower()}")
+        raise ValueError(f"agent {name} does not take {action}")
+    detail = {"text": command.text} if isinstance(command, Say) else {}
+    server.telemetry.operator(call_id, action, by, via, **detail)
     if isinstance(command, Say):
         agent.on_event(SayText(command.text))
     elif isinstance(command, Pause):

@@ -490,6 +490,11 @@ class CallRecords:
         )
         return self._rows(sql, (*params, max(0, int(limit))))
 
+    def call_ids(self, caller: Callable[[str | None], bool]) -> CallIds:
+        """Ids of the calls whose caller (From URI) ``caller`` accepts, oldest first."""
+        rows = self._rows("SELECT call_id, caller FROM calls ORDER BY started_at, rowid", ())
+        return [r["call_id"] for r in rows if caller(r["caller"])]
+
     def find(self, call_id: str) -> CallIds:
         """Call ids equal to ``call_id``, else those it is a prefix of (at most 10)."""
         if not valid_call_id(call_id):

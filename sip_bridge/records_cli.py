@@ -1,8 +1,11 @@
-"""``sip-bridge calls list|show``: read the call records the bridge wrote (never writes).
+"""``sip-bridge calls list|show|export|purge``: the call records the bridge wrote.
 
-``cli.py`` wires it in with ``add_parser(sub)`` and, for ``args.command == "calls"``,
-``return run(args)``. Exit status 0 on success, 1 with one line on stderr when the database
-is missing, unreadable or corrupt, or the call id is unknown or malformed.
+``list``, ``show`` and ``export`` only read; ``purge`` deletes calls (and their recordings)
+started before a date or of one caller (:mod:`sip_bridge.records_retention`), beside a
+running bridge if need be. ``cli.py`` wires it in with ``add_parser(sub)`` and, for
+``args.command == "calls"``, ``return run(args)``. Exit status 0 on success, 1 with one
+line on stderr when the database is missing, unreadable or corrupt, the call id is unknown
+or malformed, or a date or number is not one.
 """
 
 from __future__ import annotations
@@ -41,9 +44,10 @@ def _positive(text: str) -> int:
 def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``calls`` (with ``list`` and ``show``) to a ``sip-bridge`` subparsers object."""
     calls: argparse.ArgumentParser = subparsers.add_parser(
-        "calls", help="list and show recorded calls"
+        "calls", help="list, show, export and purge recorded calls"
     )
-    sub = calls.add_subparsers(dest="calls_command", required=True, metavar="{list,show}")
+    sub = calls.add_subparsers(dest="calls_command", required=True,
+                               metavar="{list,show,export,purge}")  # fmt: skip
     db_help = "call-record database (default: $SIP_BRIDGE_DATA/calls.sqlite)"
     ls = sub.add_parser("list", help="the newest calls first")
     ls.add_argument("--limit", type=_positive, default=20, metavar="N", help="at most N calls")
@@ -54,25 +58,76 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     show.add_argument("call_id", metavar="CALL_ID", help="a Call-ID (or its unique prefix)")
     show.add_argument("--json", action="store_true", help="print JSON")
     show.add_argument("--db", metavar="PATH", help=db_help)
+    export = sub.add_parser("export", help="one caller's calls as JSON (a data-subject request)")
+    export.add_argument("--caller", required=True, metavar="NUMBER", help="the caller's number")
+    export.add_argument("--out", metavar="FILE", help="write here (mode 600), not to stdout")
+    export.add_argument("--db", metavar="PATH", help=db_help)
+    purge = sub.add_parser("purge", help="delete calls and their recordings, by age or caller")
+    before = "calls started before this (YYYY-MM-DD or ISO time, local)"
+    purge.add_argument("--before", metavar="DATE", type=_date, help=before)
+    purge.add_argument("--caller", metavar="NUMBER", help="calls of this caller")
+    purge.add_argument("--recordings", metavar="DIR",
+                       help="with --before: also WAV files there older than DATE")  # fmt: skip
+    purge.add_argument("--dry-run", action="store_true", help="say what would go, delete nothing")
+    purge.add_argument("--db", metavar="PATH", help=db_help)
     return calls
 
 
+def _date(text: str) -> float:
+    """``YYYY-MM-DD`` (local midnight) or an ISO 8601 time (local unless it says) -> unix s."""
+    try:
+        return datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a date: {text!r} (YYYY-MM-DD)") from None
+
+
 def run(args: argparse.Namespace) -> int:
-    """Run ``calls list`` / ``calls show``; the exit status."""
+    """Run ``calls list|show|export|purge``; the exit status."""
     path = Path(args.db) if getattr(args, "db", None) else default_db_path()
     try:
-        if args.calls_command == "show" and not valid_call_id(args.call_id):
-            raise RecordsError(f"malformed call id {args.call_id!r}")
-        store = CallRecords(path, readonly=True)
-        try:
-            text = _list(store, args) if args.calls_command == "list" else _show(store, args)
-        finally:
-            store.close()
-    except RecordsError as exc:
+        if args.calls_command == "purge":
+            text = _purge(path, args)
+        else:
+            if args.calls_command == "show" and not valid_call_id(args.call_id):
+                raise RecordsError(f"malformed call id {args.call_id!r}")
+            store = CallRecords(path, readonly=True)
+            try:
+                text = _READERS[args.calls_command](store, args)
+            finally:
+                store.close()
+    except (RecordsError, ValueError, OSError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return 1
-    print(text, flush=True)
+    if text:
+        print(text, flush=True)
     return 0
+
+
+def _export(store: CallRecords, args: argparse.Namespace) -> str:
+    from sip_bridge.records_retention import export_caller
+
+    data = export_caller(store, args.caller)
+    text = json.dumps(data, indent=2)
+    if not args.out:
+        return text
+    out = Path(args.out)
+    fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # personal data
+    with os.fdopen(fd, "w") as f:
+        f.write(text + "\n")
+    print(f"{len(data['calls'])} call(s) of {args.caller} written to {out}", file=sys.stderr)
+    return ""
+
+
+def _purge(path: Path, args: argparse.Namespace) -> str:
+    from sip_bridge.records_retention import purge
+
+    if args.before is None and args.caller is None:
+        raise ValueError("say what to purge: --before DATE, --caller NUMBER or both")
+    if not path.is_file():
+        raise RecordsError(f"no call records at {path}")
+    done = purge(path, before=args.before, caller=args.caller, recordings_dir=args.recordings or "",
+                 dry_run=args.dry_run)  # fmt: skip
+    return f"{'would purge' if args.dry_run else 'purged'} {done}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -196,6 +251,8 @@ def _cut(text: str | None, n: int) -> str:
     text = " ".join(text.split())
     return text if len(text) <= n else text[: n - 1] + "…"
 
+
+_READERS = {"list": _list, "show": _show, "export": _export}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -270,7 +270,7 @@ class _Run:
         task.add_done_callback(self.tasks.discard)
 
     async def _transcribe(self, act: Transcribe) -> None:
-        pcm = self.heard.audio(act.start, act.end)
+        pcm = self.heard.audio(act.start, act.end, speech_only=True)  # no ringback
         try:
             text = await self.transcriber.transcribe(pcm)
         except Exception as exc:  # a model failure: the step sees nothing heard, and why

@@ -355,7 +355,7 @@ class ScriptPlayer:
             self._final_stop = min(now, self.hung_up_at or now)  # what was heard by then
         final = self._deadline is not None
         stop = self._final_stop if final else now
-        replies = self.heard.segments(self._mark, stop, quiet)
+        replies = self.heard.segments(self._mark, stop, quiet, speech_only=True)  # words
         texts: list[str] = []
         complete = True
         for seg in replies:

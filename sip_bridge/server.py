@@ -44,6 +44,7 @@ from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.native import compile_hint, require_fresh
 from sip_bridge.offer_answer import NegotiatedMedia
 from sip_bridge.operator_view import apply_command, bridge_status
+from sip_bridge.records_retention import purge_daily
 from sip_bridge.registrar_link import RegistrarLink
 from sip_bridge.routes import match_route
 from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
@@ -75,6 +76,8 @@ __all__ = ["BridgeServer", "make_agent"]
 
 log = logging.getLogger(__name__)
 
+CARD_MARGIN_SAMPLES = 8000  # a second of the caller's side before a turn with a card number
+
 
 @dataclass(eq=False)
 class _Call:
@@ -91,6 +94,7 @@ class _Call:
     route: str | None = None  # the [[routes]] entry that picked the agent; None: the default
     facts: CallFacts | None = None  # what telemetry reports of it
     fault: ModelFault | None = None  # its agent's model failed: the fallback prompt took over
+    turn_mark: int = 0  # the recording's caller sample at the last turn (see _agent_event)
 
 
 class BridgeServer:
@@ -181,6 +185,9 @@ class BridgeServer:
         self.ua.silenced = self.policy.silenced
         self._schedule()
         self._spawn(self._watch_media())
+        # [records] keep_days: purged now and daily, in a thread, in small transactions
+        store = self.telemetry.records
+        self._spawn(purge_daily(lambda: self.config.records, store.path if store else None))
         if self._want_control:
             control = ControlServer(self.config.control.socket_path(self.port), self.status)
             try:
@@ -414,8 +421,11 @@ class BridgeServer:
         elif isinstance(ev, DtmfInfo):
             call = self.calls.get(ev.call_id)
             if call is not None and call.media is not None:
+                # recorded first, as RFC 4733 keys are (CallMedia): in the agent's state the
+                # key was typed in (the last key of a sensitive slot's entry leaves the slot)
+                sensitive = call.media.agent.sensitive
+                self.telemetry.dtmf(ev.call_id, ev.digit, "info", sensitive)
                 call.media.agent.on_event(DtmfEvent(ev.digit))
-                self.telemetry.event(ev.call_id, "dtmf", ce.dtmf(ev.digit, "info"))
         elif isinstance(ev, MediaUpdated):
             self._media_updated(ev.call_id, ev.media)
         elif isinstance(ev, TransferProgress):
@@ -510,13 +520,18 @@ class BridgeServer:
         call.answered_at = loop.time()
         rec_dir = (call.config or self.config).records.recordings_dir
         if rec_dir:
-            try:
-                media.recorder = StereoRecorder(recording_path(rec_dir, call_id))
+            try:  # silence while the agent asks for a sensitive slot (a PIN, a card)
+                muted = lambda: agent.sensitive  # noqa: E731
+                media.recorder = StereoRecorder(recording_path(rec_dir, call_id), muted)
                 path = str(media.recorder.path)
                 self.telemetry.event(call_id, "recording", ce.recording(path))
             except OSError as exc:  # a full disk or no permission: the call goes on
                 log.warning("call %s: not recorded: %s", call_id, exc)
-        media.on_caller_dtmf = lambda e: self.telemetry.event(call_id, "dtmf", ce.dtmf(e.digit))
+        # the digit's record and event are masked when it belongs to a sensitive slot (the
+        # agent hears the key after this, see CallMedia._deliver_digits: its state is still
+        # the one the key was typed in)
+        media.on_caller_dtmf = lambda e: self.telemetry.dtmf(call_id, e.digit, "rfc4733",
+                                                             agent.sensitive)  # fmt: skip
         if call.facts is not None:
             remote = hostport((params.remote_host, params.remote_port))
             self.telemetry.answered(call.facts, neg.codec, remote, agent.name, profile_name(agent))
@@ -551,7 +566,8 @@ class BridgeServer:
 
     def _agent_event(self, call_id: str, event: AgentEvent) -> None:
         if isinstance(event, TurnCompleted):
-            self.telemetry.turn(call_id, event)
+            card = self.telemetry.turn(call_id, event)
+            self._mark_turn(call_id, card)
         elif isinstance(event, DeadAir):
             self.telemetry.dead_air_gap(call_id, event)
         elif isinstance(event, HangupEvent):
@@ -562,6 +578,18 @@ class BridgeServer:
             log.info("call %s: the agent asks for a transfer to %s", call_id, event.target)
             now = asyncio.get_running_loop().time()
             self._handle(self.ua.transfer(call_id, event.target, now))
+
+    def _mark_turn(self, call_id: str, card_said: bool) -> None:
+        """A turn ended. When the caller said a card number in it, the recording's caller
+        side goes silent back to the turn before (less a second: a caller who barged in
+        started before it was reported)."""
+        call = self.calls.get(call_id)
+        recorder = call.media.recorder if call is not None and call.media is not None else None
+        if call is None or recorder is None:
+            return
+        if card_said:
+            recorder.silence_caller(call.turn_mark - CARD_MARGIN_SAMPLES)
+        call.turn_mark = recorder.caller_samples
 
     def _model_fault(self, call_id: str, fault: ModelFault) -> None:
         """A model of the call's agent raised or hung: the bridge takes this call over (the

@@ -8,17 +8,18 @@ Trust model, because this page can start agent sessions and end calls:
   header, which a page of another origin cannot send without a CORS preflight we never
   answer. Requests whose ``Origin`` is not our own are refused as well. A token starts one
   session; the answer carries the next (``X-Next-Token``).
-- The console reads without a token (it listens on loopback by default); its actions need
-  the operator token from ``[http] operator_token_env``/``operator_token_file``. Without
-  one configured the console is read-only.
+- The console, its API, recordings and a session's events need a viewer or operator token
+  whenever the listener is not loopback-only (a bridge refuses to start so without one,
+  unless ``[http] allow_anonymous_reads``); actions (hang up, transfer, say) always need an
+  operator token, and go on the call's timeline with its name. Browsers sign in on
+  ``/login`` and carry an HttpOnly cookie; see :mod:`sip_bridge.web_auth` and
+  :mod:`sip_bridge.web_access`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import html
-import ipaddress
 import json
 import logging
 import secrets
@@ -27,18 +28,25 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
-from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from agent.base import AgentEvent, DeadAir, ModelFault, TurnCompleted
+from agent.base import AgentEvent, DeadAir, ModelFault, SayText, TurnCompleted
 from sip_bridge.agents import profile_name, take_over
-from sip_bridge.call_events import Command, Hangup, Transfer
+from sip_bridge.call_events import Command, Hangup, Say, Transfer
 from sip_bridge.call_telemetry import CallFacts
-from sip_bridge.config_types import AgentConfig, parse_hostport
+from sip_bridge.config_types import (
+    AgentConfig,
+    ConfigError,
+    HttpToken,
+    exposure_problem,
+    loopback_host,
+    parse_hostport,
+)
 from sip_bridge.console_view import live_calls, talk_profiles, turn_total_ms
 from sip_bridge.operator_view import apply_command
 from sip_bridge.records import RecordsError
+from sip_bridge.web_access import Access, bearer, error, same_origin
 from sip_bridge.webrtc_leg import BrowserSession, ice_hosts
 
 if TYPE_CHECKING:
@@ -87,32 +95,6 @@ class PageTokens:
             del self._tokens[t]
 
 
-def _bearer(request: web.Request) -> str:
-    auth = request.headers.get("Authorization", "")
-    return auth[7:].strip() if auth[:7].lower() == "bearer " else ""
-
-
-def _same_origin(request: web.Request) -> bool:
-    """A browser names the page's origin on every POST/DELETE; it must be ours."""
-    origin = request.headers.get("Origin")
-    if origin is None:
-        return True  # not a browser (curl, a test): the tokens still apply
-    return urlsplit(origin).netloc == request.host
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def _error(status: int, message: str) -> web.Response:
-    return web.json_response({"error": message}, status=status)
-
-
 class _Leg(NamedTuple):
     facts: CallFacts  # what the call records and events say of the session
     agent: AgentConfig  # its [agent]: the fallback prompt after a model fault
@@ -124,6 +106,9 @@ class WebServer:
     def __init__(self, bridge: BridgeServer) -> None:
         self.bridge = bridge
         cfg = bridge.config.http
+        problem = exposure_problem(cfg)  # the config refuses it too: this is the last word
+        if problem:
+            raise ConfigError(bridge.config.path, None, "http.viewer_token_env", problem)
         self.host, self.port = parse_hostport(cfg.listen)
         self.tokens = PageTokens(cfg.token_ttl_s)
         self.sessions: dict[str, BrowserSession] = {}
@@ -132,6 +117,8 @@ class WebServer:
         self._runner: web.AppRunner | None = None
         self._pages: dict[str, str] = {}
         app = web.Application(client_max_size=_MAX_OFFER)
+        self.access = Access(lambda: self.bridge.config.http, self._page)
+        self.access.install(app)
         app.router.add_get("/", self._root)
         app.router.add_get("/talk", self._talk_page)
         app.router.add_get("/console", self._console_page)
@@ -144,6 +131,8 @@ class WebServer:
         app.router.add_get("/api/calls/{call_id}", self._api_call)
         app.router.add_post("/api/calls/{call_id}/hangup", self._api_hangup)
         app.router.add_post("/api/calls/{call_id}/transfer", self._api_transfer)
+        app.router.add_post("/api/calls/{call_id}/say", self._api_say)
+        app.router.add_get("/api/calls/{call_id}/recording", self._api_recording)
         self.app = app
 
     @property
@@ -161,9 +150,14 @@ class WebServer:
             await runner.cleanup()
             raise
         self._runner = runner
-        if not _loopback(self.host):
-            log.warning("http.listen %s is not loopback: whoever reaches it can talk to the "
-                        "agents and watch calls", self.host)  # fmt: skip
+        http = self.bridge.config.http
+        if not loopback_host(self.host) and http.allow_anonymous_reads:
+            log.warning("http.allow_anonymous_reads = true: whoever reaches %s reads callers' "
+                        "numbers, transcripts and recordings and talks to the agents",
+                        http.listen)  # fmt: skip
+        elif not loopback_host(self.host):
+            log.info("http.listen %s is not loopback: reading needs one of %d token(s)",
+                     http.listen, len(http.tokens))  # fmt: skip
         if self.port == 0:  # the OS picked one (tests)
             server = getattr(site, "_server", None)
             if server is not None and server.sockets:
@@ -215,10 +209,17 @@ class WebServer:
         return self._page("talk.html", values, {"profiles_json": profiles})
 
     async def _console_page(self, request: web.Request) -> web.Response:
-        actions = "true" if self.bridge.config.http.operator_token else "false"
+        me = self.access.page_values(request)
         source = self.bridge.config_source
         config = self.bridge.config.path + (f" ({source})" if source else "")
-        values = {"node": self.bridge.telemetry.node, "actions_enabled": actions, "config": config}
+        values = {
+            "node": self.bridge.telemetry.node,
+            "actions_enabled": "true" if me["may_act"] else "false",
+            "operators": "true" if self.bridge.config.http.operator_token else "false",
+            "signed_in": me["signed_in"],
+            "csrf": me["csrf"],
+            "config": config,
+        }
         return self._page("console.html", values)
 
     async def _static(self, request: web.Request) -> web.StreamResponse:
@@ -234,31 +235,31 @@ class WebServer:
     # -- the browser leg -----------------------------------------------------------------------
 
     async def _offer(self, request: web.Request) -> web.Response:
-        if not _same_origin(request):
-            return _error(403, "cross-origin request refused")
-        token = _bearer(request)
+        if not same_origin(request):
+            return error(403, "cross-origin request refused")
+        token = bearer(request)
         if not self.tokens.valid(token):
-            return _error(401, "no valid page token: reload the page")
+            return error(401, "no valid page token: reload the page")
         http = self.bridge.config.http
         live = sum(1 for s in self.sessions.values() if s.closed_reason is None)
         if live >= http.max_sessions or self.bridge.draining:
-            return _error(503, f"busy: {live} browser sessions (http.max_sessions)")
+            return error(503, f"busy: {live} browser sessions (http.max_sessions)")
         if request.content_type != "application/sdp":
-            return _error(415, "send the SDP offer as application/sdp")
+            return error(415, "send the SDP offer as application/sdp")
         profiles = talk_profiles(self.bridge.config)
         key = request.query.get("profile") or next(iter(profiles))
         if key not in profiles:
-            return _error(404, f"no agent profile {key!r}; known: {', '.join(profiles)}")
+            return error(404, f"no agent profile {key!r}; known: {', '.join(profiles)}")
         offer = await request.text()
         if "m=audio" not in offer:
-            return _error(400, "the offer has no audio")
+            return error(400, "the offer has no audio")
         _label, cfg = profiles[key]
         loop = asyncio.get_running_loop()
         try:  # a profile not loaded at start loads now (models are shared and warm)
             agent = await loop.run_in_executor(None, self.bridge.agent_factory, cfg)
         except Exception as exc:
             log.warning("browser session: agent for profile %s: %s", key, exc)
-            return _error(500, f"agent for profile {key}: {exc}")
+            return error(500, f"agent for profile {key}: {exc}")
         peer = request.remote or "browser"
         session = BrowserSession(
             agent, f"browser {peer}", ice=ice_hosts(self.host, http.ice_addresses), profile=key,
@@ -273,7 +274,7 @@ class WebServer:
             answer = await session.answer(offer, max_s=cfg.sip.max_call_s)
         except Exception as exc:  # a malformed or unusable offer: say so, keep nothing
             await session.close(f"offer refused: {exc}")
-            return _error(400, f"offer refused: {exc}")
+            return error(400, f"offer refused: {exc}")
         self.bridge.telemetry.answered(facts, "opus", peer, agent.name, profile_name(agent))
         log.info("browser session %s: %s talks to profile %s (%s)", session.id, peer, key,
                  agent.name)  # fmt: skip
@@ -315,8 +316,8 @@ class WebServer:
         """Hang up. The session's id, unguessable and known only to the page that started
         it, is the capability (as for its events): a page whose token has since expired
         can still hang up."""
-        if not _same_origin(request):
-            return _error(403, "cross-origin request refused")
+        if not same_origin(request):
+            return error(403, "cross-origin request refused")
         await self._session(request).close("hung up")
         return web.Response(status=204)
 
@@ -360,78 +361,123 @@ class WebServer:
         try:
             limit = max(1, min(500, int(request.query.get("limit", "50"))))
         except ValueError:
-            return _error(400, "limit must be a number")
+            return error(400, "limit must be a number")
         try:
             rows = records.list(limit=limit)
         except RecordsError as exc:
-            return _error(500, str(exc))
+            return error(500, str(exc))
         return web.json_response({"calls": rows})
 
     async def _api_call(self, request: web.Request) -> web.Response:
         records = self.bridge.telemetry.records
         if records is None:
-            return _error(404, "call records are off")
+            return error(404, "call records are off")
         try:
             found = records.show(request.match_info["call_id"])
         except RecordsError as exc:
-            return _error(500, str(exc))
+            return error(500, str(exc))
         if found is None:
-            return _error(404, "no such call in the records")
+            return error(404, "no such call in the records")
         for t in found["turns"]:
             timings = t.get("timings") or {}
             t["total_ms"] = turn_total_ms(timings)
         return web.json_response(found)
 
-    def _operator(self, request: web.Request) -> web.Response | None:
-        """None when the request may act; else the refusal."""
-        token = self.bridge.config.http.operator_token
-        if not _same_origin(request):
-            return _error(403, "cross-origin request refused")
-        if not token:
-            return _error(403, "the console is read-only: set [http] operator_token_env")
-        if not hmac.compare_digest(_bearer(request).encode(), token.encode()):
-            return _error(401, "wrong or missing operator token")
-        return None
+    async def _api_recording(self, request: web.Request) -> web.StreamResponse:
+        """A call's stereo WAV, when it was recorded and the file is still in
+        ``[records] recordings_dir``."""
+        records = self.bridge.telemetry.records
+        rec_dir = self.bridge.config.records.recordings_dir
+        if records is None or not rec_dir:
+            return error(404, "no recordings here")
+        try:
+            found = records.show(request.match_info["call_id"])
+        except RecordsError as exc:
+            return error(500, str(exc))
+        paths = [e["data"].get("path") for e in (found or {}).get("events", [])
+                 if e["kind"] == "recording" and isinstance(e["data"], dict)]  # fmt: skip
+        folder = Path(rec_dir).resolve()
+        for p in paths:
+            f = Path(str(p)).resolve()
+            if f.parent == folder and f.suffix == ".wav" and f.is_file():
+                headers = {"Content-Type": "audio/wav", "Cache-Control": "no-store",
+                           "Content-Disposition": f'inline; filename="{f.name}"'}  # fmt: skip
+                return web.FileResponse(f, headers=headers)
+        return error(404, "this call has no recording (any more)")
+
+    async def _acting(
+        self, request: web.Request, field: str = "", limit: int = 0, example: str = ""
+    ) -> tuple[HttpToken, str, str] | web.Response:
+        """An action's operator token, call id and JSON ``field`` ("" without); else the
+        refusal."""
+        token = self.access.operator(request)
+        if isinstance(token, web.Response):
+            return token
+        value = await _field(request, field, limit) if field else ""
+        if value is None:
+            return error(400, f'send {{"{field}": "{example}"}}')
+        return token, request.match_info["call_id"], value
 
     async def _api_hangup(self, request: web.Request) -> web.Response:
-        refused = self._operator(request)
-        if refused is not None:
-            return refused
-        call_id = request.match_info["call_id"]
+        acting = await self._acting(request)
+        if isinstance(acting, web.Response):
+            return acting
+        token, call_id, _ = acting
         session = self._by_call_id(call_id)
         if session is not None:
+            self.bridge.telemetry.operator(call_id, "hangup", token.name, "http")
             await session.close("operator hung up")
             return web.json_response({"ok": True})
-        return self._command(Hangup(call_id))
+        return self._command(Hangup(call_id), token)
 
     async def _api_transfer(self, request: web.Request) -> web.Response:
-        refused = self._operator(request)
-        if refused is not None:
-            return refused
-        call_id = request.match_info["call_id"]
-        try:
-            body: Any = await request.json()
-        except ValueError:
-            body = None
-        target = body.get("target") if isinstance(body, dict) else None
-        if not isinstance(target, str) or not target.strip() or len(target) > 256:
-            return _error(400, 'send {"target": "sip:..."}')
+        acting = await self._acting(request, "target", 256, "sip:...")
+        if isinstance(acting, web.Response):
+            return acting
+        token, call_id, target = acting
         if self._by_call_id(call_id) is not None:
-            return _error(409, "a browser session has no phone line to transfer")
+            return error(409, "a browser session has no phone line to transfer")
         call = self.bridge.calls.get(call_id)
         if call is None or call.media is None:
-            return _error(404, f"no answered call {call_id} here")
-        return self._command(Transfer(call_id, target.strip()))
+            return error(404, f"no answered call {call_id} here")
+        return self._command(Transfer(call_id, target), token)
 
-    def _command(self, command: Command) -> web.Response:
-        """A SIP call's hang-up or transfer: the MQTT commands' path (logged there)."""
+    async def _api_say(self, request: web.Request) -> web.Response:
+        acting = await self._acting(request, "text", 4096, "what the agent says")
+        if isinstance(acting, web.Response):
+            return acting
+        token, call_id, text = acting
+        session = self._by_call_id(call_id)
+        if session is None:
+            return self._command(Say(call_id, text), token)
+        if not session.agent.takes_commands:
+            return error(409, f"agent {session.agent.name} does not take say")
+        self.bridge.telemetry.operator(call_id, "say", token.name, "http", text=text)
+        session.agent.on_event(SayText(text))
+        return web.json_response({"ok": True})
+
+    def _command(self, command: Command, token: HttpToken) -> web.Response:
+        """A SIP call's hang-up, transfer or say: the MQTT commands' path (logged there,
+        and on the call's timeline with the token's name)."""
         try:
-            apply_command(self.bridge, command.call_id, command)
-        except ValueError as exc:  # no such call in progress
-            return _error(404, str(exc))
+            apply_command(self.bridge, command.call_id, command, by=token.name, via="http")
+        except ValueError as exc:  # no such call in progress, or an agent that cannot
+            return error(404, str(exc))
         return web.json_response({"ok": True})
 
     def _by_call_id(self, call_id: str) -> BrowserSession | None:
         if call_id.startswith("webrtc-"):
             return self.sessions.get(call_id.removeprefix("webrtc-"))
         return None
+
+
+async def _field(request: web.Request, name: str, limit: int) -> str | None:
+    """The non-empty string ``name`` of a JSON object body (stripped), else None."""
+    try:
+        body: Any = await request.json()
+    except ValueError:
+        return None
+    value = body.get(name) if isinstance(body, dict) else None
+    if not isinstance(value, str) or not value.strip() or len(value) > limit:
+        return None
+    return value.strip()

@@ -165,6 +165,8 @@ def test_calls_cut_off_by_a_crash_get_their_ended_event_at_the_next_start(
     broker = Mosquitto(tmp_path / "broker")
     broker.start()
     f = _config(tmp_path, broker, "node-c")
+    # keep_days = 0: these 1970 rows would otherwise be purged at start (older than 90 days)
+    f.write_text(f.read_text().replace("[records]\n", "[records]\nkeep_days = 0\n"))
     store = CallRecords(str(tmp_path / "calls.sqlite"))
     store.call_started("cut-1", node="node-c", trunk=None, caller="100", callee="7000",
                        remote="127.0.0.1:5062", agent="echo", at=1000.0)  # fmt: skip

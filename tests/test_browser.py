@@ -4,9 +4,9 @@ network), against `sip-bridge run` with the shipped config: the voice agent, dem
 The browser's microphone is a WAV file saying a question; the test reads the reply's
 transcript from the page and transcribes back, with our ASR, the audio the page itself
 recorded from the WebRTC stream. The console must list a SIP call while it is in progress
-(placed by `sip-bridge call`), hang it up with the operator token, and then show it in the
-history with its per-stage latency chart. Screenshots of each page land in the test's
-output directory.
+(placed by `sip-bridge call`), hang it up once signed in (/login) with the operator token,
+and then show it in the history with its per-stage latency chart and its timeline naming
+the operator. Screenshots of each page land in the test's output directory.
 """
 
 from __future__ import annotations
@@ -220,10 +220,20 @@ def test_the_console_shows_a_sip_call_live_hangs_it_up_and_charts_it_after(
             _wait(driver, "the call's first answer", answered, 40)
             assert re.fullmatch(r"\d+", cell("latency")), cell("latency")
             driver.save_screenshot(str(bridge.out / "console-live.png"))
-            # actions: refused without the operator token, done with it
+            # actions: refused without the operator token; the page offers to sign in
             assert _api(bridge, f"/api/calls/{call_id}/hangup", "wrong") == 401
-            driver.find_element(By.ID, "operator-token").send_keys(TOKEN)
-            row.find_element(By.CSS_SELECTOR, "button.hangup").click()
+            assert not row.find_element(By.CSS_SELECTOR, "button.hangup").is_displayed()
+            driver.find_element(By.ID, "sign-in").click()
+            _wait(driver, "the login form", lambda d: d.find_elements(By.ID, "token"))
+            driver.find_element(By.ID, "token").send_keys(TOKEN)
+            driver.find_element(By.CSS_SELECTOR, "form button[type=submit]").click()
+            _wait(driver, "signed in", lambda d: "SB_TEST_OPERATOR (operator)" in d.find_element(
+                By.ID, "signed-in-box").text)  # fmt: skip
+            assert TOKEN not in driver.current_url  # never in a URL
+            again = _wait(driver, "the call listed again", lambda d: next(iter(d.find_elements(
+                By.CSS_SELECTOR, f'#live tr[data-call-id="{call_id}"]')), None))  # fmt: skip
+            assert isinstance(again, WebElement)
+            again.find_element(By.CSS_SELECTOR, "button.hangup").click()
             assert phone.wait(timeout=15) == 0
             _wait(driver, "the call gone from the live list", lambda d: not d.find_elements(
                 By.CSS_SELECTOR, f'#live tr[data-call-id="{call_id}"]'))  # fmt: skip
@@ -248,7 +258,8 @@ def test_the_console_shows_a_sip_call_live_hangs_it_up_and_charts_it_after(
             assert isinstance(chart, WebElement)
             bars = chart.find_elements(By.CSS_SELECTOR, "rect")
             assert len(bars) >= 2 and "turn 1" in chart.text  # stages of turn 1, and a legend
-            assert "operator hung up" in driver.find_element(By.ID, "detail").text
+            detail = driver.find_element(By.ID, "detail").text
+            assert "operator hung up" in detail and '"by":"SB_TEST_OPERATOR"' in detail
             driver.save_screenshot(str(bridge.out / "console-history.png"))
     finally:
         if phone.poll() is None:

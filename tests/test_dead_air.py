@@ -134,6 +134,7 @@ def _run(flow: CallFlow, n: int, t: float, **kw: bool) -> tuple[float, list[tupl
             replying=kw.get("replying", False),
             queued=queued > 0 or kw.get("queued", False),
             caller=kw.get("caller", False),
+            holding=kw.get("holding", False),
         )
         if audio is not None:
             out.append((t, audio.text))
@@ -157,6 +158,17 @@ def test_a_slow_reply_gets_the_phrase_then_pips_each_filler_after_ms() -> None:
     assert times[2] == pytest.approx(2.5 + 0.2 + 1.0, abs=0.05)
     assert max(flow.meter.gaps) <= 1.02
     assert flow.fillers == 3
+
+
+def test_a_reply_held_on_purpose_gets_no_filler_but_its_wait_counts() -> None:
+    """A reply to words not understood waits for a longer pause (the caller may go on):
+    a filler then would talk into that pause; the silence is still the caller's wait."""
+    flow = _flow(text="", tone_hz=440, after_ms=1000)
+    t, _ = _run(flow, 20, 0.0, caller=True)  # the caller speaks
+    t, played = _run(flow, 60, t, replying=True, holding=True)  # 1.2 s held
+    assert played == [] and flow.fillers == 0
+    t, _ = _run(flow, 5, t, played=True, replying=True)  # the reply goes out
+    assert flow.meter.gaps == [pytest.approx(1.2, abs=0.03)]
 
 
 def test_no_filler_before_the_phrase_is_ready_unless_a_tone_is_allowed() -> None:

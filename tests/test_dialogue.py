@@ -479,3 +479,57 @@ def test_spoken_single_digits_round_trip(digits: str, as_words: bool) -> None:
 )
 def test_yes_no(text: str, answer: str | None) -> None:
     assert yes_no(normalize(text)) == answer
+
+
+# -- a sensitive slot: the demo's card payment ------------------------------------------------
+
+CARD = "4111111111111111"  # the standard test card; the demo's cards table knows it
+
+
+def test_a_keyed_card_number_reaches_the_engine_and_its_transcript_keeps_no_digit() -> None:
+    e = _new()
+    prompt = _said(_keys(e, "3"))  # the menu key for paying a bill
+    assert prompt.startswith("Please type your 16 digit card number") and e.collecting_sensitive
+    reply = _said(_keys(e, CARD))
+    # the lookup found the card by its real number: the engine got it
+    assert reply.startswith("Thank you. Your payment with your Visa card is approved."), reply
+    assert not e.collecting_sensitive
+    said = " ".join(text for who, text in e.transcript if who == "caller")
+    assert "[redacted 16 digits]" in said and "1111" not in said, e.transcript
+
+
+def test_a_keyed_sensitive_entry_is_a_key_turn_marked_sensitive() -> None:
+    """The turn carries the real digits for the agent (its record masks them), marked."""
+    e = _new()
+    menu = e.press("3")
+    assert menu is not None and not menu.sensitive and e.collecting_sensitive
+    turns = [e.press(k) for k in CARD]
+    assert turns[:-1] == [None] * 15  # digits into the entry: no turn, nothing stops
+    entry = turns[-1]
+    assert entry is not None and entry.sensitive and entry.keys == CARD
+    assert entry.ended_by == "length" and "Visa card is approved" in _said(entry.parts)
+    assert e.press("#") is None  # the caller's terminator after a full entry: ignored
+
+
+def test_a_key_into_a_sensitive_entry_when_time_is_up_is_still_marked_sensitive() -> None:
+    """The call's time runs out while the caller keys the card: the key makes the closing
+    turn, and that turn's key must be masked like the rest of the entry."""
+    now = [100.0]
+    e = _new(clock=lambda: now[0])
+    assert e.press("3") is not None and e.collecting_sensitive
+    assert [e.press(k) for k in CARD[:4]] == [None] * 4
+    now[0] += 301.0  # past the demo's max_call_s
+    closing = e.press(CARD[4])
+    assert closing is not None and closing.sensitive and e.ended
+    assert "out of time" in _said(closing.parts)
+
+
+def test_a_spoken_card_number_reaches_the_engine_and_an_unknown_one_is_asked_again() -> None:
+    e = _new()
+    assert _said(_turn(e, "I would like to pay my bill")).startswith("Please type your 16")
+    declined = _said(_turn(e, "five five five five " * 3 + "four four four four"))
+    assert declined.startswith("Sorry, that card was declined") and e.collecting_sensitive
+    spoken = "four " + "one " * 15
+    assert "Visa card is approved" in _said(_turn(e, spoken))
+    assert not any("one one" in text or "5555" in text for _, text in e.transcript)
+    assert [t for w, t in e.transcript if w == "caller"][1:] == ["[redacted 16 digits]"] * 2

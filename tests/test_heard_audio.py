@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from numpy.typing import NDArray
 
+from agent.hold_audio import Ringback
+from resample.g711 import ulaw_decode, ulaw_encode
 from sip_bridge.heard_audio import (
     FRAME_S,
     Gap,
@@ -15,8 +18,10 @@ from sip_bridge.heard_audio import (
     dead_air_gaps,
     frame_dbfs,
     merge_spans,
+    ringback_like,
     turn_latency,
 )
+from sip_bridge.script_voice import espeak_ng
 
 LOUD = (3000 * np.sin(np.arange(160) * 2 * np.pi * 440 / 8000)).astype(np.int16)  # -23 dBFS
 QUIET = np.zeros(160, np.int16)
@@ -113,3 +118,47 @@ def test_a_stop_before_the_caller_began_is_no_reaction() -> None:
     h = heard("#" * 40 + "." * 60)
     r = barge_in_reaction(h, at(50), at(80), now=at(100))
     assert r is not None and not r.talking and r.seconds is None
+
+
+def _ringback(seconds: float, off_s: float = 4.0) -> list[NDArray[np.int16]]:
+    """What the bridge plays while a transfer rings (agent.hold_audio), through G.711."""
+    ring = Ringback(off_s=off_s)
+    return [ulaw_decode(ulaw_encode(ring.next_frame(160))) for _ in range(round(seconds / 0.02))]
+
+
+def test_ringback_is_told_apart_from_speech_and_a_lone_tone() -> None:
+    frames = _ringback(2.0, off_s=0.5)[:100]  # one 2 s burst
+    assert sum(ringback_like(f) for f in frames) >= 98
+    assert not ringback_like(LOUD)  # 440 Hz alone (a test tone, a filler pip)
+    voice = (espeak_ng("Sorry, nobody is free right now. Is there anything else?") * 4).astype(
+        np.int16
+    )
+    h = HeardAudio()
+    for i, f in enumerate(voice[: voice.size // 160 * 160].reshape(-1, 160)):
+        h.add(i * FRAME_S, f)
+    assert not any(h.ringback)  # speech has moments near 440/480 Hz, never 200 ms of them
+
+
+def test_ringback_is_sound_without_words_and_its_off_time_is_no_dead_air() -> None:
+    # the transfer's reply, 2 s ringback, its 4 s off, 2 s more, the apology right after
+    h = HeardAudio()
+    t = 0.0
+    frames = [LOUD] * 50 + [QUIET] * 5 + _ringback(8.0)[:400] + [LOUD] * 40 + [QUIET] * 20
+    for f in frames:
+        h.add(t, f)
+        t += FRAME_S
+    ring = [i for i, r in enumerate(h.ringback) if r]  # each burst and 2 frames either side
+    assert ring == [*range(53, 157), *range(353, 457)], ring
+    # speech only: the reply and the apology (less the burst's edge), not the bursts
+    words = h.segments(0, t, 0.5, speech_only=True)
+    assert [(round(s.start, 2), round(s.end, 2)) for s in words] == [(0.0, 1.0), (9.14, 9.9)]
+    assert h.audio(0.0, t, speech_only=True).size == (len(frames) - len(ring)) * 160
+    assert len(h.segments(0, t, 0.5)) == 2  # as sound: reply + burst, burst + apology
+    # the caller waits from the reply's end to the apology: the 4 s off time rings on
+    assert dead_air_gaps(h, [Span(1.0, 9.9)]) == []
+    # a transfer that ends in the off time: the silence after it is dead air again
+    h2 = HeardAudio()
+    for i, f in enumerate(_ringback(2.0)[:100] + [QUIET] * 300):
+        h2.add(i * FRAME_S, f)
+    (gap,) = dead_air_gaps(h2, [Span(0.0, 8.0, open_end=True)])
+    assert gap.start == pytest.approx(2.0 + 4.0 + 0.04, abs=0.03) and gap.end == 8.0

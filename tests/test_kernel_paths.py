@@ -6,7 +6,7 @@ did (0.53 on an AVX-512 VNNI machine, 0.14 on AVX2, for one window). Debian's qe
 runs the same Python as a Haswell (AVX2, no AVX-512) whatever the host is, so one machine
 checks both paths: ``kernel_path_probe.py`` runs natively and under
 ``qemu-x86_64 -cpu Haswell`` and the results are compared. Emulation is slow (~25 s per
-smart-turn run): the probe scores three windows. ``make test-avx2`` runs the whole model
+smart-turn run): the probe scores two windows. ``make test-avx2`` runs the whole model
 test files that way.
 """
 

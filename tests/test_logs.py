@@ -67,6 +67,42 @@ def test_the_call_id_comes_from_extra_the_message_or_the_context() -> None:
     assert logs.neutral_context().run(logs.CALL_ID.get) is None
 
 
+def test_card_numbers_never_reach_a_log_line_in_either_format() -> None:
+    """[records] redact_card_numbers covers the log: written or spoken, in the message or a
+    traceback; a JSON line still names its call. Off, the line is as it was."""
+    card = "4111 1111 1111 1111"
+    spoken = "four " + "one " * 14 + "one"
+    out = {fmt: io.StringIO() for fmt in ("text", "json")}
+    root = logging.getLogger()
+    handlers = [logs.make_handler(fmt, stream) for fmt, stream in out.items()]
+    plain = io.StringIO()
+    handlers.append(logs.make_handler("text", plain, redact=False))
+    old_level = root.level
+    root.setLevel(logging.INFO)
+    for h in handlers:
+        root.addHandler(h)
+    try:
+        log.warning("call %s: caller said %s", "c-7", card)
+        with logs.call_context("c-8"):
+            log.warning("caller: my card is %s", spoken)
+            try:
+                raise ValueError(f"cannot charge {card}")
+            except ValueError:
+                log.exception("payment failed")
+    finally:
+        for h in handlers:
+            root.removeHandler(h)
+        root.setLevel(old_level)
+    for fmt, stream in out.items():
+        text = stream.getvalue()
+        assert "1111" not in text and "one one" not in text, (fmt, text)
+        assert text.count("[redacted 16 digits]") == 3, (fmt, text)
+    lines = [json.loads(x) for x in out["json"].getvalue().splitlines()]
+    assert [x.get("call_id") for x in lines] == ["c-7", "c-8", "c-8"]
+    assert "ValueError: cannot charge [redacted 16 digits]" in lines[2]["exc"]
+    assert card in plain.getvalue()  # redact = false: kept
+
+
 def test_configure_sets_format_and_level() -> None:
     root = logging.getLogger()
     saved = root.handlers[:], root.level

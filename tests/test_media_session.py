@@ -90,6 +90,8 @@ async def _call(
     agent = EchoAgent(delay_s=DELAY_S)
     params = MediaParams(host, sdp_port, payload_type=pt, latch=latch, local_host=host)
     media = CallMedia(agent, _pool(host), params, CallInfo(call_id="t1"))
+    keys_seen: list[tuple[str, int]] = []  # (key, events the agent had when the bridge got it)
+    media.on_caller_dtmf = lambda e: keys_seen.append((e.digit, len(agent.events)))
     port = await media.start()
     dest = (host, port)
     tx = _tone_stream(lead_s, tone_s, tail_s)
@@ -158,6 +160,7 @@ async def _call(
         rx_times[i] = arrived
     call = Call(pt, tx, send_times, rx, rx_times, packets, media, agent)
     call.extra["garbage"] = garbage_sent
+    call.extra["keys_seen"] = keys_seen
     call.extra["events"] = events
     call.extra["decoy"] = len(decoy.received)
     return call
@@ -279,6 +282,9 @@ def test_dtmf_reaches_the_agent_once_and_the_echo_presses_it_back() -> None:
     call = asyncio.run(_call("127.0.0.1", 8, dtmf_at=20, tone_s=0.4))
     events = call.agent.events
     assert events == [DtmfEvent("5", 100.0), HangupEvent("test over")]
+    # the bridge records the key before the agent hears it: a key that ends a sensitive
+    # slot's entry is still judged in the state it was typed in (see server, telemetry.dtmf)
+    assert call.extra["keys_seen"] == [("5", 0)]
     assert call.media.stats.dtmf_digits == 1
     assert call.media.stats.dtmf_digits_sent == 1
     back = call.extra["events"]

@@ -276,7 +276,7 @@ def test_a_hanging_model_times_out_then_the_caller_is_transferred(tmp_path: Path
             other, other_id = await bridge.dial()
             start = asyncio.get_running_loop().time()
             try:
-                # the REFER is refused by this caller (501): the bridge then hangs up
+                # this caller declines the REFER (NOTIFY 603): the bridge then hangs up
                 await _wait_ended(faulty, 15.0)
                 await asyncio.sleep(0.5)
                 _check_other_call(bridge, other, other_id, start)

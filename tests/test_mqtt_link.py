@@ -161,6 +161,10 @@ def test_parse_valid_commands() -> None:
     )
     assert parse_command(topic, b'{"cmd":"pause"}') == Pause("call-9")
     assert parse_command(topic, bytearray(b'{"cmd":"resume"}')) == Resume("call-9")
+    # who sent it, for the call's timeline
+    assert parse_command(topic, b'{"cmd":"hangup","by":"ops.desk-2"}') == Hangup(
+        "call-9", "ops.desk-2"
+    )
 
 
 @pytest.mark.parametrize(
@@ -174,6 +178,8 @@ def test_parse_valid_commands() -> None:
         ("sipbridge/n1/cmd/c1", b'{"cmd": "explode"}', "unknown cmd 'explode'"),
         ("sipbridge/n1/cmd/c1", b'{"cmd": "hangup", "now": true}', "unexpected field(s) now"),
         ("sipbridge/n1/cmd/c1", b'{"cmd": "pause", "text": "x"}', "unexpected field(s) text"),
+        ("sipbridge/n1/cmd/c1", b'{"cmd": "pause", "by": "a b"}', '"by" must be a name'),
+        ("sipbridge/n1/cmd/c1", b'{"cmd": "pause", "by": 7}', '"by" must be a name'),
         ("sipbridge/n1/cmd/c1", b'{"cmd": "transfer"}', '"target" must be'),
         ("sipbridge/n1/cmd/c1", b'{"cmd": "transfer", "target": 5}', '"target" must be'),
         ("sipbridge/n1/cmd/c1", b'{"cmd": "say", "text": "  "}', '"text" must be'),
@@ -384,6 +390,38 @@ def test_compaction_and_spool_bound(tmp_path: Path) -> None:
     asyncio.run(main())
     assert segments(spool) == [], "everything delivered: the spool is compacted"
     assert MqttLink(HOST, port, NODE, spool, no_command).publish("c1", "dtmf", ce.dtmf("1")) == 2001
+
+
+def test_what_the_broker_has_is_not_kept_in_the_spool(tmp_path: Path) -> None:
+    """Events hold what callers said: once acknowledged they leave the disk, the active
+    segment included, at every delivery (not only once it has grown); what is still on its
+    way stays until it is delivered."""
+    spool = tmp_path / "spool"
+
+    def spooled_text() -> str:
+        return "".join(p.read_text() for p in segments(spool))
+
+    async def main() -> None:
+        with Mosquitto(tmp_path / "broker") as broker:
+            async with consumer(broker.port) as seen:
+                link = MqttLink(HOST, broker.port, NODE, spool, no_command)  # the defaults
+                await link.start()
+                await until(lambda: link.connected, "connect")
+                for i in range(3):
+                    link.publish("c1", "turn", ce.turn(f"my secret {i}", "noted", {}))
+                    await until(lambda: link.pending == 0, "delivery")
+                    await until(lambda: "secret" not in spooled_text(), "the spool emptied")
+                await until(lambda: len(seen.seen) == 3, "consumer")
+                broker.stop()  # the broker goes away: what is sent meanwhile is kept
+                await until(lambda: not link.connected, "disconnect")
+                link.publish("c1", "turn", ce.turn("said during the outage", "ok", {}))
+                assert "during the outage" in spooled_text() and link.pending == 1
+                broker.start()
+                await until(lambda: link.pending == 0, "delivery after the outage", 20)
+                await until(lambda: segments(spool) == [], "the spool emptied again")
+                await link.stop()
+
+    asyncio.run(main())
 
 
 def test_commands_reach_the_handler_and_garbage_becomes_error_events(tmp_path: Path) -> None:

@@ -40,8 +40,10 @@ def test_demo_profile_loads_with_its_intents_slots_and_orders() -> None:
     assert {i.dtmf: i.name for i in prof.intents if i.dtmf} == {
         "1": "hours",
         "2": "order_status",
+        "3": "pay_bill",
         "0": "human",
     }
+    assert prof.slots["payment"].sensitive and prof.slots["payment"].max_length == 16
     assert prof.slots["order_number"].kind == "digits"
     assert (prof.slots["order_number"].min_length, prof.slots["order_number"].max_length) == (5, 5)
     assert prof.slots["confirm"].kind == "yes_no"
@@ -227,6 +229,48 @@ def test_templates_escape_braces_and_spell_digits() -> None:
         ('[llm]\nbase_url = "http://h:1"\n', 10, "llm.model", "is required"),
         ("[voice]\nlength_scale = 5\n", 11, "voice.length_scale", "must be 0.5..2"),
         ("[data.orders]\nx = 1\n", 11, "data.orders.x", "row table"),
+        # a sensitive slot is one a caller keys or says a value into (digits, date, time,
+        # number), and no reply may say it back (replies are stored)
+        (
+            '[slots.ok]\ntype = "yes_no"\nsensitive = true\nprompt = "?"\n',
+            12,
+            "slots.ok.sensitive",
+            "only a digits, date, time or number slot can be sensitive",
+        ),
+        (
+            '[slots.c]\ntype = "choice"\nsensitive = true\nprompt = "?"\n'
+            '[slots.c.options]\na = ["x"]\n',
+            12,
+            "slots.c.sensitive",
+            "only a digits, date, time or number slot can be sensitive",
+        ),
+        (
+            '[slots.dob]\ntype = "date"\nsensitive = true\nconfirm = "always"\nprompt = "?"\n',
+            13,
+            "slots.dob.confirm",
+            "never spoken back",
+        ),
+        (
+            '[slots.dob]\ntype = "date"\nsensitive = true\nprompt = "?"\n'
+            'confirm_prompt = "{dob:date:spoken}, right?"\n',
+            14,
+            "slots.dob.confirm_prompt",
+            "slot 'dob' is sensitive",
+        ),
+        (
+            '[slots.pin]\ntype = "digits"\nsensitive = true\nprompt = "PIN?"\n'
+            '[intents.x]\nkeywords = ["x"]\nslots = ["pin"]\nreply = "Your PIN is {pin:spell}."\n',
+            17,
+            "intents.x.reply",
+            "slot 'pin' is sensitive",
+        ),
+        (
+            '[slots.pin]\ntype = "digits"\nsensitive = true\nprompt = "PIN?"\n'
+            '[slots.again]\ntype = "digits"\nprompt = "Was it {pin}?"\n',
+            16,
+            "slots.again.prompt",
+            "slot 'pin' is sensitive",
+        ),
         (
             '[slots.s]\ntype = "digits"\nprompt = "?"\ndigit_timeout_s = 0.5\n',
             13,

@@ -264,8 +264,9 @@ def test_the_bridge_under_a_service_manager(listener: Listener, tmp_path: Path) 
     said = {k: " ".join(m["msg"] for m in about[i] if m["msg"].startswith("caller:")).lower()
             for k, i in ids.items()}  # fmt: skip
     # the agent's own lines (heard from inside the media clock) go to the right call
-    assert "opening hours" in said["hours"] and "order" not in said["hours"], said
-    assert "order" in said["orders"] and "hours" not in said["orders"], said
+    # (the words as transcribed: "opening hours" may come out "opening up" on a loaded box)
+    assert "opening" in said["hours"] and "order" not in said["hours"], said
+    assert "order" in said["orders"] and "opening" not in said["orders"], said
     for i in ids.values():
         msgs = " | ".join(m["msg"] for m in about[i])
         assert f"call {i} answered" in msgs and f"call {i} ended" in msgs, msgs

@@ -204,3 +204,77 @@ def test_a_number_slot_with_min_and_max_and_a_text_slot(tmp_path: Path) -> None:
     assert say("four") == "4 people, right?"  # confirm = "always"
     assert say("yes") == "Anything we should know?"
     assert say("A high chair, please.") == "A table for 4, noted: A high chair, please."
+
+
+# a date that proves who calls (the one on the letter they got): a sensitive date slot
+VERIFY = """
+[agent]
+greeting = "Hi."
+[slots.dob]
+type = "date"
+sensitive = true
+prompt = "The date on your letter, please."
+[intents.verify]
+keywords = ["verify"]
+slots = ["dob"]
+lookup = { table = "letters", key = "dob", as = "letter" }
+not_found = "I can't find that letter. The date on it, please."
+reply = "Thank you, {letter.name}."
+[data.letters."2026-12-15"]
+name = "Dana"
+"""
+
+
+def _verify(tmp_path: Path, extra: str = "") -> DialogueEngine:
+    f = tmp_path / "verify.toml"
+    f.write_text(VERIFY.replace("sensitive = true\n", "sensitive = true\n" + extra))
+    return DialogueEngine(load_profile(f), today=lambda: TODAY)
+
+
+def _said(engine: DialogueEngine, text: str) -> str:
+    async def go() -> list[ReplyPart]:
+        return [p async for p in engine.respond(text)]
+
+    return " ".join(p.text for p in asyncio.run(go()) if isinstance(p, Say))
+
+
+def _spoken(parts: list[ReplyPart]) -> list[str]:
+    return [p.text for p in parts if isinstance(p, Say)]
+
+
+def test_a_sensitive_date_reaches_the_engine_and_is_never_said_back_or_kept(
+    tmp_path: Path,
+) -> None:
+    """A sensitive date slot, keyed (DDMM) or said: the engine gets the date (its lookup
+    finds the letter); its transcript and the agent's words hold none of it, the keypad
+    turn is marked sensitive, and an unsure value is not asked back by repeating it."""
+    e = _verify(tmp_path)
+    assert _said(e, "verify me please") == "The date on your letter, please."
+    assert e.collecting_sensitive
+    turns = [e.press(k) for k in "1512"]
+    assert turns[:3] == [None] * 3
+    entry = turns[3]
+    assert entry is not None and entry.sensitive and entry.keys == "1512"
+    assert _spoken(entry.parts) == ["Thank you, Dana."]
+    assert not e.collecting_sensitive
+    e = _verify(tmp_path)
+    _said(e, "verify")
+    # "One time." is an unsure date (the 1st): with no confirm_prompt of its own a
+    # sensitive slot takes it rather than say it back
+    assert _said(e, "One time.").startswith("I can't find that letter.")
+    assert _said(e, "The fifteenth.") == "Thank you, Dana."
+    said = [t for who, t in e.transcript if who == "caller"]
+    assert said[0] == "verify" and all(t.startswith("[redacted") for t in said[1:]), said
+    assert not any(w in t for _, t in e.transcript for w in ("fifteenth", "One", "1st"))
+
+
+def test_a_sensitive_slot_is_confirmed_only_with_its_own_prompt(tmp_path: Path) -> None:
+    e = _verify(tmp_path, 'confirm = "always"\nconfirm_prompt = "Did I get that right?"\n')
+    _said(e, "verify")
+    entry = [e.press(k) for k in "1512"][3]
+    assert entry is not None and entry.sensitive
+    assert _spoken(entry.parts) == ["Did I get that right?"]
+    yes = e.press("1")  # the answer to a sensitive slot's question is masked like it
+    assert yes is not None and yes.sensitive
+    assert _spoken(yes.parts) == ["Thank you, Dana."]
+    assert not any("1512" in t for _, t in e.transcript)

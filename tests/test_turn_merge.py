@@ -35,15 +35,19 @@ def _reported(sim: Sim) -> list[TurnCompleted]:
 
 
 async def _say_with_pauses(pieces: list[NDArray[np.float64]], pause_ms: int) -> Sim:
-    """After the greeting, the caller says ``pieces`` with ``pause_ms`` between them."""
+    """After the greeting, the caller says ``pieces`` with ``pause_ms`` between them
+    (``sim.pauses``: each pause's first tick and the tick the caller goes on)."""
     line = Line(12, 60, noise_dbfs=-60)
     sim = Sim(line)
     await sim.start()
     await sim.run_until_quiet()
     tick = sim.tick + 10
+    pauses = []
     for pcm in pieces:
         line.say_at(tick, pcm)
         tick += pcm.size // 160 + pause_ms // 20
+        pauses.append((tick - pause_ms // 20, tick))
+    sim.pauses = pauses[:-1]  # type: ignore[attr-defined]
     try:
         await sim.run(tick - sim.tick + 300, realtime=True)
     finally:
@@ -64,6 +68,8 @@ def test_a_pause_mid_question_is_one_turn_with_one_answer(pause_ms: int) -> None
     assert sim.agent.merges >= 1
     callers = [t for who, t in sim.agent.engine.transcript if who == "caller"]  # type: ignore[union-attr]
     assert callers == [turn.caller_text]
+    if pause_ms < 900:  # the first half is not understood: no "Sorry, I didn't..." in the
+        assert not _spoke_in_pauses(sim), "the agent spoke in the pause"  # pause
 
 
 @pytest.mark.parametrize("pause_ms", [700, 1200])
@@ -82,3 +88,18 @@ def test_the_goodbye_after_pauses_is_never_lost(pause_ms: int) -> None:
     turns = _reported(sim)
     assert turns and "goodbye" in turns[-1].agent_text.lower(), turns
     assert all(t.caller_text for t in turns), turns
+    if pause_ms < 900:
+        assert len(turns) == 1, turns
+        # "Great, thanks." is not understood: its pause hears nothing of a fallback
+        # ("That's all." is a goodbye, answered at once: the merge stops that one)
+        assert not _spoke_in_pauses(sim, 1), "the agent spoke in the pause"
+
+
+def _spoke_in_pauses(sim: Sim, first: int | None = None, after_ms: int = 300) -> bool:
+    """Did the agent send sound in a pause between the caller's pieces (the ``first`` ones),
+    or ``after_ms`` into the next piece (a reply begun in the pause, before it was stopped)?
+    -45 dBFS: far above the silence it sends, far below speech."""
+    pauses: list[tuple[int, int]] = sim.pauses[:first]  # type: ignore[attr-defined]
+    return any(
+        level > -45 for a, b in pauses for level in sim.sent_level[a - 1 : b + after_ms // 20]
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
@@ -61,10 +62,11 @@ AMP = 8000.0  # TTS tone amplitude
 OUR_RMS = AMP / np.sqrt(2)  # the reply's level on the line (the resampler passes 500 Hz)
 FRAME = 160
 BARGE_TICKS = 13  # the demo's min_speech_ms = 250: 13 ticks of 20 ms
+MISS_HOLD = voice_module.MISS_HOLD_TICKS  # a reply to words not understood waits this long
 GREETING = [
     "Thanks for calling Acme Support.",
-    "You can ask about our opening hours, your order, or ask for a person.",
-    "Or press 1 for opening hours, 2 for order status, or 0 for a person.",
+    "You can ask about our opening hours, your order, pay a bill, or ask for a person.",
+    "Or press 1 for opening hours, 2 for order status, 3 to pay a bill, or 0 for a person.",
 ]
 
 
@@ -305,9 +307,11 @@ class Call:
             await self.tick()
         raise AssertionError("the reply never finished playing")
 
-    async def turn(self, text: str, *, wait_tts: bool = True) -> int:
+    async def turn(self, text: str, *, wait_tts: bool = True, quiet: int = 0) -> int:
         """The caller speaks 8 ticks, falls silent, the end-of-turn model agrees and the ASR
-        says ``text``; returns the index in writes where the reply starts."""
+        says ``text``, then ``quiet`` more silent ticks (a reply to words not understood
+        waits for MISS_HOLD_TICKS of them); returns the index in writes where the reply
+        starts."""
         self.models.asr_texts.append(text)
         self.vad(True, True)
         await self.tick(8, 2000)
@@ -317,6 +321,7 @@ class Call:
         n_spoken, n_writes = len(self.models.spoken), len(self.out.writes)
         await self.tick()
         await self.until(lambda: bool(self.agent.turns) and self.agent.turns[-1].asr_done > 0)
+        await self.tick(quiet)
         if text and wait_tts:
             m = self.models
             await self.until(lambda: len(m.spoken) > n_spoken == m.finished - 1, "the TTS")
@@ -385,9 +390,10 @@ async def test_barge_in_cuts_the_reply_and_keeps_the_callers_words() -> None:
         assert c.out.flushes == []
         await c.tick(1, OUR_RMS)
         assert c.out.flushes == [30 + BARGE_TICKS]
-        # heard: sentence 1, and of the 14 words of sentence 2 the share played (41 %)
+        # heard: sentence 1, and of the 17 words of sentence 2 the share played (34 %)
         played = (30 + BARGE_TICKS) * FRAME - _len8k(GREETING[:1])
-        words = GREETING[1].split()[: int(14 * played / _len8k(GREETING[1:2]))]
+        n = len(GREETING[1].split())
+        words = GREETING[1].split()[: int(n * played / _len8k(GREETING[1:2]))]
         assert words == ["You", "can", "ask", "about", "our"]
         assert c.transcript == [("agent", f"{GREETING[0]} {' '.join(words)} ...")]
         # the caller's words so far went to the ASR: the pre-roll, 27 frames of 20 ms
@@ -576,7 +582,7 @@ async def test_caller_going_on_within_a_second_of_the_reply_is_one_turn() -> Non
     a reply began; the caller goes on within 1 s. The reply stops, the two halves are one
     turn, answered once, and the record has that one turn."""
     async with Call() as c:
-        await c.turn("I would like to ask about")
+        await c.turn("I would like to ask about", quiet=MISS_HOLD)
         assert c.models.spoken[-1].startswith("Sorry, I didn't catch that")
         await c.tick(10)  # 200 ms of the fallback reply played
         c.vad(True, True)
@@ -598,6 +604,31 @@ async def test_caller_going_on_within_a_second_of_the_reply_is_one_turn() -> Non
         ]
 
 
+@aio
+async def test_a_reply_to_words_not_understood_waits_for_a_longer_pause() -> None:
+    """Not understood often means not finished: the apology waits until the caller has
+    been quiet MISS_HOLD_TICKS (no filler meanwhile); if they go on, nothing was said and
+    the halves are one turn. An understood turn is answered at once (the other tests)."""
+    async with Call() as c:
+        n = await c.turn("I would like to ask about", wait_tts=False)
+        await c.tick(MISS_HOLD - 10)  # the turn ended 3 ticks after the last speech
+        assert len(c.out.writes) == n and c.agent.flow.fillers == 0  # quiet, no filler
+        c.vad(True, True)  # the caller goes on
+        await c.tick(BARGE_TICKS, 2000)
+        assert c.agent.merges == 1 and c.agent.barge_ins == 0 and len(c.out.writes) == n
+        await c.turn("my order, please")
+        assert c.models.spoken[-1] == ORDER_PROMPT
+        await c.drain()
+        (turn,) = _turns_reported(c)
+        assert turn.caller_text == "I would like to ask about my order, please"
+        assert not any(text.startswith("Sorry") for text in c.models.spoken)
+    async with Call() as c:  # they had finished: the apology, after the longer pause
+        n = await c.turn("I would like to ask about", quiet=MISS_HOLD)
+        assert c.models.spoken[-1].startswith("Sorry, I didn't catch that")
+        await c.tick(5)
+        assert len(c.out.writes) > n and c.agent.flow.fillers == 0
+
+
 def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -609,7 +640,7 @@ def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
 @aio
 async def _talk_over_late() -> None:
     async with Call(no_backchannels()) as c:
-        await c.turn("I would like to ask about")
+        await c.turn("I would like to ask about", quiet=MISS_HOLD)
         await c.tick(25)  # 500 ms of the reply played: past the window
         c.vad(True, True)
         await c.tick(BARGE_TICKS, OUR_RMS)
@@ -671,3 +702,57 @@ async def test_words_over_a_held_reply_are_a_barge_in_and_a_turn() -> None:
             ("caller", "when are you open"),
             ("agent", HOURS),
         ]
+
+
+@aio
+async def test_a_sensitive_slot_turn_is_reported_and_logged_without_its_digits(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The demo's payment: the card number said aloud reaches the engine (its lookup finds
+    the card), while what the agent reports for records and events, and logs, is only how
+    many digits there were."""
+    spoken = "four" + " one" * 15
+    with caplog.at_level(logging.DEBUG):
+        async with Call() as c:
+            await c.turn("I would like to pay my bill")
+            await c.drain()
+            assert c.agent.sensitive, "asking for the card: the bridge mutes and masks"
+            await c.turn(spoken)
+            await c.drain()
+            assert not c.agent.sensitive
+            assert c.models.spoken[-1].startswith("Thank you. Your payment with your Visa card")
+            reports = [a for _, a in c.out.of("emit") if isinstance(a, TurnCompleted)]
+    assert [r.caller_text for r in reports] == [
+        "I would like to pay my bill",
+        "[redacted 16 digits]",
+    ]
+    assert c.agent.turns[-1].text == spoken  # the agent's own view still has it
+    logged = " ".join(r.getMessage() for r in caplog.records)
+    assert "caller: [redacted 16 digits]" in logged and "one one" not in logged
+
+
+@aio
+async def test_a_keyed_sensitive_slot_leaves_the_next_spoken_turn_as_it_was() -> None:
+    """Keys fill the slot without a word: the caller's next turn, spoken once the slot is
+    filled, is reported as said (only speech while the slot is asked for is redacted)."""
+    async with Call() as c:
+        c.agent.on_event(DtmfEvent("3"))
+        await c.until(lambda: c.agent.sensitive, "the card asked for")
+        await c.drain()
+        for key in "4111111111111111":
+            c.agent.on_event(DtmfEvent(key))
+            await c.tick(2)
+        await c.until(lambda: not c.agent.sensitive, "the slot filled")
+        await c.drain()
+        assert c.models.spoken[-1].startswith("Thank you. Your payment with your Visa card")
+        await c.turn("What are your opening hours?")
+        await c.drain()
+        reports = _turns_reported(c)
+    # the keypad turns are turns too (issue 15): the card's only as how many keys there were
+    assert [(r.caller_text, r.input, r.keys) for r in reports] == [
+        ("(keypad 3)", "keypad", "3"),
+        ("[redacted 16 digits]", "keypad", "*" * 16),
+        ("What are your opening hours?", "speech", ""),
+    ]
+    assert c.agent.turns[1].text == "(keypad 4111111111111111)"  # the agent's own view
+    assert ("caller", "[redacted 16 digits]") in c.transcript  # what an LLM would read

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
+from line_echo import LineEcho
 from numpy.typing import NDArray
 from transferee import ReferableCall, Transferee
 
@@ -32,7 +33,7 @@ from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.transaction import SendMessage
 from sip_bridge.transport import Received, SipTransport
 from sip_bridge.uac import OutboundCall
-from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed, UacEvent
+from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed, ReferReceived, UacEvent
 
 __all__ = ["SPEECH_DBFS", "WireCaller", "espeak", "level_dbfs"]
 
@@ -104,15 +105,15 @@ class WireCaller:
         self._outbox: DtmfOutbox | None = None
         self._pressing: str | None = None
         self.target = target
-        self._echo_gain = None if echo_db is None else 10 ** (-echo_db / 20)
-        # line_echo: what we hear, placed by RTP timestamp on our own sample clock, 60 ms
+        # the echo: what we hear, placed by RTP timestamp on our own sample clock, 60 ms
         # behind and deeper after a late packet (a phone's jitter buffer): the echo's
         # delay then stays what it is, whatever the packets' arrival jitter
         self._playout: dict[int, NDArray[np.int16]] = {}  # frame index on our clock
         self._ts0: int | None = None
         self._frame0 = 0
         self._sent_frames = 0
-        self._echo_frames = max(1, echo_delay_ms // 20)
+        if line_echo is None and echo_db is not None:  # a flat echo path
+            line_echo = LineEcho(echo_db, echo_delay_ms, colour=None)
         self._line_echo = line_echo
         self.codec = codec
         self.host = host
@@ -231,6 +232,9 @@ class WireCaller:
                     self.status = getattr(ev, "status", self.status)
                     self.ended.set()
                     self.answered.set()  # wake connect(); status tells
+                elif isinstance(ev, ReferReceived) and not self.transferee:
+                    # a phone that does not follow transfers: its user declines at once
+                    self._send_sip(uac.notify_refer(603, "Declined", loop.time()))
             deadline = uac.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - loop.time())
             try:

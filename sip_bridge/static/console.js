@@ -1,6 +1,8 @@
 // Operator console: live calls (polled every second), call history (every 5 s), one call's
-// detail with a stacked latency chart, and hang-up/transfer actions behind an operator token.
-// Everything from the server is untrusted text: nodes are built with textContent only.
+// detail with a stacked latency chart and its recording, and hang-up/transfer/say actions for
+// a reader signed in with an operator token. The login is an HttpOnly cookie this script never
+// sees; actions carry the login's CSRF token in a header. Everything from the server is
+// untrusted text: nodes are built with textContent only.
 "use strict";
 
 (() => {
@@ -8,13 +10,14 @@
   const SVG_NS = "http://www.w3.org/2000/svg";
   const LIVE_EVERY_MS = 1000;
   const HISTORY_EVERY_MS = 5000;
-  const TOKEN_KEY = "sip-bridge.operator-token";
   const STAGE_ORDER = ["end_of_turn", "asr_tail", "dialogue", "tts_first_audio"];
   const STAGE_SKIP = new Set(["barged_in", "total"]);
   const COLOURS = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#9c755f"];
 
-  const actionsEnabled = (document.querySelector('meta[name="actions-enabled"]') || {}).content === "true";
-  const tokenInput = $("operator-token");
+  const meta = (name) => (document.querySelector('meta[name="' + name + '"]') || {}).content || "";
+  const actionsEnabled = meta("actions-enabled") === "true";
+  const operatorsExist = meta("operators") === "true";
+  const csrfToken = meta("csrf-token");
   const statusEl = $("console-status");
   const liveBody = $("live").tBodies[0];
   const historyBody = $("history").tBodies[0];
@@ -64,6 +67,9 @@
 
   async function getJson(url) {
     const resp = await fetch(url, { headers: { Accept: "application/json" }, cache: "no-store" });
+    if (resp.status === 401) { // signed out (expired, or the token was removed): sign in again
+      window.location.assign("/login?next=/console");
+    }
     if (!resp.ok) {
       const err = new Error(resp.status + " " + (await resp.text()).trim());
       err.status = resp.status;
@@ -72,26 +78,17 @@
     return resp.json();
   }
 
-  // ---- operator token and actions ----
+  // ---- who is reading, and actions ----
   function setupActions() {
+    if ($("signed-in").textContent.trim()) $("signed-in-box").classList.remove("hidden");
     if (!actionsEnabled) {
-      $("operator-box").classList.add("hidden");
-      $("read-only").classList.remove("hidden");
+      $((operatorsExist ? "sign-in" : "read-only")).classList.remove("hidden");
       document.querySelectorAll("#live .action-col").forEach((n) => n.classList.add("hidden"));
-      return;
     }
-    tokenInput.value = sessionStorage.getItem(TOKEN_KEY) || "";
-    tokenInput.addEventListener("input", () => sessionStorage.setItem(TOKEN_KEY, tokenInput.value));
   }
 
   async function act(callId, verb, label, body) {
-    const token = tokenInput.value.trim();
-    if (!token) {
-      setStatus(label + ": enter the operator token first", true);
-      tokenInput.focus();
-      return;
-    }
-    const opts = { method: "POST", headers: { Authorization: "Bearer " + token } };
+    const opts = { method: "POST", headers: { "X-CSRF-Token": csrfToken }, credentials: "same-origin" };
     if (body !== undefined) {
       opts.headers["Content-Type"] = "application/json";
       opts.body = JSON.stringify(body);
@@ -113,6 +110,11 @@
   }
 
   function onHangup(callId) { act(callId, "hangup", "hang-up"); }
+  function onSay(callId) {
+    const text = prompt("What should the agent say on call " + callId + "?", "");
+    if (text == null || !text.trim()) return;
+    act(callId, "say", "say", { text: text.trim() });
+  }
   function onTransfer(callId) {
     const target = prompt("Transfer call " + callId + " to (SIP URI):", "sip:");
     if (target == null) return; // cancelled
@@ -153,7 +155,10 @@
         const x = el("button", { cls: "transfer small", text: "Transfer" });
         x.type = "button";
         x.addEventListener("click", () => onTransfer(call.call_id));
-        td.append(h, x);
+        const s = el("button", { cls: "say small", text: "Say…" });
+        s.type = "button";
+        s.addEventListener("click", () => onSay(call.call_id));
+        td.append(h, x, s);
       }
       tr.append(td);
     }
@@ -412,7 +417,17 @@
     const turns = Array.isArray(data.turns) ? data.turns : [];
     const heading = el("h3", {}, "Call ", el("span", { cls: "mono", text: call.call_id || callId }));
     const side = el("div", {}, fieldList(call));
-    const main = el("div", {}, el("h3", { text: "Latency per turn" }), latencyChart(turns, call.call_id || callId),
+    const recorded = (Array.isArray(data.events) ? data.events : []).some((e) => e.kind === "recording");
+    const recording = recorded
+      ? el("audio", { cls: "recording" })
+      : el("p", { cls: "note", text: "not recorded" });
+    if (recorded) {
+      recording.controls = true;
+      recording.preload = "none";
+      recording.src = "/api/calls/" + encodeURIComponent(call.call_id || callId) + "/recording";
+    }
+    const main = el("div", {}, el("h3", { text: "Recording" }), recording,
+      el("h3", { text: "Latency per turn" }), latencyChart(turns, call.call_id || callId),
       el("h3", { text: "Turns" }), turns.length ? turnList(turns) : el("p", { cls: "note", text: "no turns recorded" }),
       el("h3", { text: "Timeline" }), timelineList(data.timeline));
     detailEl.replaceChildren(heading, el("div", { cls: "detail-grid" }, side, main));
