@@ -1,6 +1,7 @@
 """The booking profile's call scripts (config/scripts/booking/) through `sip-bridge script`
-against `sip-bridge run` with that profile: real calls, one after another, the caller's
-voice from espeak-ng, the agent's answers transcribed with our ASR, keys as RFC 4733."""
+against `sip-bridge run` with that profile: real calls, the three scripts at once (as
+test_demo_scripts plays the demo's), the caller's voice from espeak-ng, the agent's answers
+transcribed with our ASR, keys as RFC 4733."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_the_booking_scripts_pass(tmp_path: Path) -> None:
     with shipped_bridge(tmp_path / "data", config=_booking_config(tmp_path)) as bridge:
         proc = subprocess.run(
             [sys.executable, "-m", "sip_bridge.cli", "script", *map(str, SCRIPTS),
-             "--uri", bridge.uri, "--junit", str(junit)],
+             "--uri", bridge.uri, "--parallel", "3", "--junit", str(junit)],
             cwd=ROOT, capture_output=True, text=True, timeout=540,
         )  # fmt: skip
     failed = [
