@@ -12,6 +12,7 @@ sentence as it streams. Nothing here raises into the call: an LLM failure is the
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import difflib
 import functools
 import logging
@@ -24,9 +25,19 @@ from types import MappingProxyType
 from typing import TypeAlias
 
 from agent.llm import LlmClient
-from agent.profile import DTMF_KEYS, Actions, AgentProfile, Intent, SlotSpec, normalize
+from agent.profile import (
+    DTMF_KEYS,
+    Actions,
+    AgentProfile,
+    Intent,
+    SlotSpec,
+    normalize,
+    parse_template,
+)
 from agent.redaction import sensitive_text
 from agent.sentences import SentenceBuffer
+from agent.slot_rules import KEYED, PREFILLED, from_keys, hear, needs_confirmation, problem
+from agent.slot_values import Heard
 from agent.spoken_numbers import digit_runs, yes_no
 
 __all__ = [
@@ -79,15 +90,6 @@ class KeyTurn:
     sensitive: bool = False
 
 
-def _slot_value(slot: SlotSpec, words: Sequence[str]) -> str | None:
-    if slot.kind == "yes_no":
-        return yes_no(words)
-    for run in digit_runs(words):
-        if slot.min_length <= len(run) <= slot.max_length:
-            return run
-    return None
-
-
 @functools.lru_cache(maxsize=1 << 16)
 def _word_sim(k: str, w: str, threshold: float) -> float:
     """Similarity of keyword word ``k`` and heard word ``w``; 0 below ``threshold``.
@@ -130,6 +132,7 @@ class DialogueEngine:
         llm: LlmClient | None = None,
         variables: Mapping[str, str] = MappingProxyType({}),
         clock: Callable[[], float] = time.monotonic,
+        today: Callable[[], dt.date] = dt.date.today,
     ) -> None:
         self.profile = profile
         if llm is None and profile.llm is not None:
@@ -146,6 +149,8 @@ class DialogueEngine:
         self._start = clock()
         self._intent: Intent | None = None
         self._pending: str | None = None  # the slot being asked for
+        self._today = today  # what "tomorrow" and "not in the past" count from
+        self._confirming: tuple[str, str] | None = None  # (slot, value) asked "is that right?"
         self._filled: dict[str, str] = {}
         self._keys = ""  # keypad digits typed into a digits slot so far
         self._key_at: float | None = None  # when the last of them was typed
@@ -209,12 +214,16 @@ class DialogueEngine:
         intent: Intent | None = None
         if self._pending is not None:
             slot = self.profile.slots[self._pending]
-            value = _slot_value(slot, words)
+            if self._confirming is not None:  # "the fifteenth, is that right?"
+                for part in self._confirmed(slot, words, text) + self._after_turn():
+                    yield part
+                return
+            heard = hear(slot, words, text, self._today())
             intent = self._match(words)
-            if value is not None or intent is None or intent is self._intent:
+            if heard is not None or intent is None or intent is self._intent:
                 parts = (
-                    self._fill(value)
-                    if value is not None
+                    self._offer(slot, heard)
+                    if heard is not None
                     else self._miss(slot.retry.render(self._vars))
                 )
                 for part in parts + self._after_turn():
@@ -250,7 +259,15 @@ class DialogueEngine:
         if closing := self._time_up():  # a key into a sensitive slot's entry stays masked
             return KeyTurn(digit, closing, sensitive=self.collecting_sensitive)
         slot = self.profile.slots[self._pending] if self._pending else None
-        if slot is not None and slot.kind == "digits":
+        if slot is not None and self._confirming is not None:  # 1 = yes, 2 = no
+            said = {"1": ("yes",), "2": ("no",)}.get(digit)
+            if said is None:
+                return None
+            self._heard(f"(keypad {digit})")
+            self.turns += 1
+            parts = self._confirmed(slot, said, "") + self._after_turn()
+            return KeyTurn(digit, parts, sensitive=slot.sensitive)
+        if slot is not None and slot.kind in KEYED:
             if digit == "*":
                 self._keys, self._key_at = "", None
                 return None
@@ -262,9 +279,9 @@ class DialogueEngine:
                 self._hash_until = now + slot.digit_timeout_s
                 return self._entry(slot, "length")
             return self._entry(slot, "#") if self._keys else None
-        if slot is not None:  # yes_no: 1 = yes, 2 = no
+        if slot is not None:  # yes_no: 1 = yes, 2 = no; a choice or text is said
             self.transcript.append(("caller", f"(keypad {digit})"))
-            answer = {"1": "yes", "2": "no"}.get(digit)
+            answer = {"1": "yes", "2": "no"}.get(digit) if slot.kind == "yes_no" else None
             parts = self._fill(answer) if answer else self._miss(slot.retry.render(self._vars))
         else:
             intent = next((i for i in self.profile.intents if i.dtmf == digit), None)
@@ -279,7 +296,7 @@ class DialogueEngine:
         """When the unfinished keypad entry times out (``digit_timeout_s`` after its last
         key), on the engine's clock; None when no entry is open."""
         slot = self.profile.slots[self._pending] if self._pending else None
-        if slot is None or slot.kind != "digits" or not self._keys or self._key_at is None:
+        if slot is None or slot.kind not in KEYED or not self._keys or self._key_at is None:
             return None
         return self._key_at + slot.digit_timeout_s
 
@@ -297,8 +314,8 @@ class DialogueEngine:
         """A digits slot's keypad entry is over: fill the slot, or say its retry."""
         value, self._keys, self._key_at = self._keys, "", None
         self._heard(f"(keypad {value})")
-        ok = slot.min_length <= len(value) <= slot.max_length
-        parts = self._fill(value) if ok else self._miss(slot.retry.render(self._vars))
+        heard = from_keys(slot, value, self._today())  # DDMM, HHMM, a number, digits
+        parts = self._offer(slot, heard) if heard else self._miss(slot.retry.render(self._vars))
         self.turns += 1
         return KeyTurn(value, parts + self._after_turn(), ended_by, sensitive=slot.sensitive)
 
@@ -328,18 +345,56 @@ class DialogueEngine:
     def _begin(self, intent: Intent, words: Sequence[str]) -> list[ReplyPart]:
         """Start an intent; digits already said ("where is order 12345") fill its slots."""
         self._intent, self._filled, self._pending = intent, {}, None
-        self._keys, self._key_at = "", None
-        for name in intent.slots:
+        self._keys, self._key_at, self._confirming = "", None, None
+        today = self._today()
+        for name in intent.slots:  # "book a cleaning for tomorrow": sure, allowed values only
             slot = self.profile.slots[name]
-            if slot.kind == "digits" and (v := _slot_value(slot, words)) is not None:
-                self._filled[name] = v
+            heard = hear(slot, words, "", today) if slot.kind in PREFILLED else None
+            if heard is not None and heard.sure and problem(slot, heard.value, today) is None:
+                self._filled[name] = heard.value
         return self._proceed()
+
+    def _offer(self, slot: SlotSpec, heard: Heard) -> list[ReplyPart]:
+        """A value the caller gave: refused with the reason (and the question again), asked
+        back ("the fifteenth, is that right?") when unsure, else the slot is filled."""
+        today = self._today()
+        values = self._vars | self._filled | {slot.name: heard.value}
+        why = problem(slot, heard.value, today)
+        if why is not None:
+            said = slot.invalid.render(values) if slot.invalid is not None else why
+            return self._miss(f"{said} {slot.retry.render(values)}")
+        if needs_confirmation(slot, heard) and slot.confirm_prompt is not None:
+            self._confirming = (slot.name, heard.value)
+            return [Say(slot.confirm_prompt.render(values))]
+        return self._fill(heard.value)
+
+    def _confirmed(self, slot: SlotSpec, words: Sequence[str], text: str) -> list[ReplyPart]:
+        """The answer to "is that right?": yes fills the slot; "no, the sixteenth" offers
+        the new value; a plain no asks the question again; anything else repeats it."""
+        assert self._confirming is not None
+        _, value = self._confirming
+        self._confirming = None
+        answer = yes_no(words)
+        if answer == "yes":
+            return self._fill(value)
+        heard = (
+            hear(slot, words, text, self._today()) if slot.kind not in ("text", "yes_no") else None
+        )
+        if heard is not None and heard.value != value:
+            return self._offer(slot, heard)
+        values = self._vars | self._filled
+        if answer == "no":
+            return [Say(slot.prompt.render(values))]
+        self._confirming = (slot.name, value)
+        assert slot.confirm_prompt is not None
+        return self._miss(slot.confirm_prompt.render(values | {slot.name: value}))
 
     def _fill(self, value: str) -> list[ReplyPart]:
         assert self._pending is not None
         self._keys, self._key_at = "", None  # (a spoken answer ends a half-typed entry)
         self._filled[self._pending] = value
-        self._pending = None
+        self._pending, self._confirming = None, None
+        self.misses = 0  # an answer ends a run of misses
         return self._proceed()
 
     def _proceed(self) -> list[ReplyPart]:
@@ -375,8 +430,8 @@ class DialogueEngine:
             parts.append(Say(text))
         if acts.send_dtmf:
             parts.append(SendDtmf(acts.send_dtmf))
-        if acts.transfer:
-            parts.append(Transfer(acts.transfer))
+        if acts.transfer:  # a template of slots and variables; the bridge checks the result
+            parts.append(Transfer(parse_template(acts.transfer).render(values)))
         elif acts.hangup:
             parts.append(Hangup("intent"))
         self.ended = bool(acts.transfer or acts.hangup)
@@ -393,6 +448,7 @@ class DialogueEngine:
             if fb.escalate_reply is not None:
                 parts.append(Say(fb.escalate_reply.render(self._vars)))
             target = fb.escalate_transfer
+            target = parse_template(target).render(self._vars) if target else ""
             parts.append(Transfer(target) if target else Hangup("too many misses"))
             return parts
         if text is None:

@@ -16,6 +16,7 @@ import scipy.signal
 from numpy.typing import NDArray
 
 from agent.base import Agent, AgentOutput, CallInfo
+from agent.wav_format import unsupported_wav
 from resample import SUPPORTED_RATES, Resampler
 
 __all__ = ["PlaybackAgent", "WavFormatError", "load_wav"]
@@ -31,15 +32,10 @@ def _read_pcm16(path: Path) -> tuple[NDArray[np.int16], int]:
         with wave.open(str(path), "rb") as w:
             channels, width, rate = w.getnchannels(), w.getsampwidth(), w.getframerate()
             raw = w.readframes(w.getnframes())
-    except (wave.Error, EOFError) as exc:
-        raise WavFormatError(
-            f"{path}: not a playable WAV file ({exc}); need 16-bit PCM, mono or stereo"
-        ) from exc
+    except (wave.Error, EOFError) as exc:  # "unknown format: 65534": say it in words
+        raise WavFormatError(f"{path}: {unsupported_wav(path)}") from exc
     if width != 2:
-        raise WavFormatError(
-            f"{path}: {8 * width}-bit samples; only 16-bit PCM is supported (convert it, e.g."
-            " `sox in.wav -b 16 out.wav`)"
-        )
+        raise WavFormatError(f"{path}: {unsupported_wav(path)}")
     if channels not in (1, 2):
         raise WavFormatError(f"{path}: {channels} channels; only mono or stereo is supported")
     if rate <= 0:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from agent.business_hours import BusinessHours
+from agent.formatters import apply as apply_format
 
 __all__ = [
     "Actions",
@@ -70,15 +71,12 @@ class Template:
             if isinstance(p, str):
                 out.append(p)
                 continue
-            value = values.get(p[0], "")
-            if p[1] == "spell":  # "12345" -> "1 2 3 4 5": TTS reads digits one by one
-                value = " ".join(c for c in value if not c.isspace())
-            out.append(value)
+            out.append(apply_format(p[1], values.get(p[0], "")))  # {x:spell}, {x:ordinal}...
         return " ".join("".join(out).split())
 
 
 _TOKEN = re.compile(r"\{\{|\}\}|\{[^{}]*\}|[{}]")
-_FIELD = re.compile(r"([A-Za-z_]\w*(?:\.\w+)?)(?::(spell))?")
+_FIELD = re.compile(r"([A-Za-z_]\w*(?:\.\w+)?)(?::(spell|ordinal|date:spoken|time:spoken))?")
 
 
 def parse_template(source: str) -> Template:
@@ -95,7 +93,10 @@ def parse_template(source: str) -> Template:
         else:
             f = _FIELD.fullmatch(tok[1:-1].strip())
             if f is None:
-                raise ValueError(f"malformed placeholder {tok}: use {{name}} or {{name:spell}}")
+                raise ValueError(
+                    f"malformed placeholder {tok}: use {{name}} or {{name:FORMAT}}, FORMAT one"
+                    " of spell, ordinal, date:spoken, time:spoken"
+                )
             parts.append((f.group(1), f.group(2) or ""))
         pos = m.end()
     parts.append(source[pos:])
@@ -104,18 +105,31 @@ def parse_template(source: str) -> Template:
 
 @dataclass(frozen=True)
 class SlotSpec:
-    """A value the dialogue collects: ``digits`` (spoken or keyed) or ``yes_no``.
+    """A value the dialogue collects: ``digits`` (spoken or keyed), ``yes_no``, ``date``,
+    ``time``, ``number``, ``choice`` or ``text`` (rules: :mod:`agent.slot_rules`).
     While a ``sensitive`` slot is asked for, the bridge keeps no trace of the caller's
     input (records, events, logs, recording); the engine still gets the value."""
 
     name: str
-    kind: Literal["digits", "yes_no"]
+    kind: Literal["digits", "yes_no", "date", "time", "number", "choice", "text"]
     prompt: Template
     retry: Template
     min_length: int = 1
     max_length: int = 20
     # keypad entry: no key for this long ends the entry (as '#' does)
     digit_timeout_s: float = 3.0
+    # choice: (name, its phrases as normalized words), the name itself among them
+    options: tuple[tuple[str, tuple[tuple[str, ...], ...]], ...] = ()
+    minimum: float | None = None  # number
+    maximum: float | None = None
+    not_past: bool = True  # date: not before today
+    max_days_ahead: int = 365
+    weekdays: tuple[int, ...] = (0, 1, 2, 3, 4, 5, 6)  # date: the days allowed, Monday = 0
+    earliest: str = "00:00"  # time: HH:MM, both included
+    latest: str = "23:59"
+    confirm: Literal["auto", "always", "never"] = "auto"  # auto: when the value is unsure
+    confirm_prompt: Template | None = None  # default: "{slot}, is that right?"
+    invalid: Template | None = None  # said when a value is understood but not allowed
     # a PIN or a card number: never stored, sent or spoken back (see agent.redaction)
     sensitive: bool = False
 

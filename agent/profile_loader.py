@@ -35,6 +35,10 @@ from agent.profile import (
     normalize,
     parse_template,
 )
+from agent.slot_loader import SLOT_TYPES, build_slot_rules
+from agent.slot_rules import KEYED
+from agent.toml_source import as_written
+from agent.transfer_target import target_problem
 from agent.voice_settings import SPEECH_LANGUAGES
 
 __all__ = ["load"]
@@ -63,9 +67,10 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "llm": _keys(_STR, "mode base_url model api_key_env system_prompt")
     | _keys(_NUM, "temperature timeout_s")
     | {"max_tokens": _INT},
-    "slots.*": _keys(_STR, "type prompt retry")
-    | _keys(_INT, "min_length max_length")
-    | {"digit_timeout_s": _NUM, "sensitive": _BOOL},
+    "slots.*": _keys(_STR, "type prompt retry earliest latest confirm confirm_prompt invalid")
+    | _keys(_INT, "min_length max_length max_days_ahead")
+    | _keys(_NUM, "digit_timeout_s min max")
+    | {"options": _TABLE, "not_past": _BOOL, "sensitive": _BOOL, "weekdays": _LIST},
     "intents.*": _ACTIONS
     | _keys(_LIST, "keywords patterns examples slots")
     | _keys(_STR, "dtmf not_found")
@@ -104,7 +109,21 @@ class _Loader:
 
     def __init__(self, path: str, text: str) -> None:
         self.path, self.text = path, text
+        self.variables: dict[str, str] = {}  # [variables]: known before any call
         self.sensitive: set[str] = set()  # slots no template may speak back
+
+    def transfer(self, section: str, key: str, source: str, known: set[str]) -> str:
+        """A transfer target: literal, or a template of known names. One that the file
+        alone decides ([variables] only) is checked now; one with a slot or a caller's
+        value is checked by the bridge when the call reaches it."""
+        t = self.template(section, key, source.strip(), known)
+        if t.names <= set(self.variables):
+            value = t.render(self.variables)
+            why = target_problem(value)
+            if why:
+                said = f"{source.strip()!r} gives {value!r}: " if t.names else ""
+                self.fail(section, key, said + why)
+        return source.strip()
 
     def fail(self, section: str, key: str | None, message: str) -> NoReturn:
         dotted = f"{section}.{key}" if key else section
@@ -176,6 +195,7 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
     variables = {
         k: str(v) for k, v in ld.table("variables", data.get("variables", {}), "variables").items()
     }
+    ld.variables = variables
     tables = _build_data(ld, data.get("data", {}))
     raw_intents = data.get("intents", {})
     if not isinstance(raw_intents, dict) or not raw_intents:
@@ -212,7 +232,11 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
         replies=replies,
         escalate_after=esc,
         escalate_reply=_opt(ld, "fallback", "escalate_reply", fb, known),
-        escalate_transfer=fb.get("escalate_transfer", ""),
+        escalate_transfer=ld.transfer(
+            "fallback", "escalate_transfer", fb["escalate_transfer"], known
+        )
+        if fb.get("escalate_transfer")
+        else "",
         transfer_failed=_opt(ld, "fallback", "transfer_failed", fb, known),
     )
     lim = ld.table("limits", data.get("limits", {}), "limits")
@@ -362,8 +386,8 @@ def _build_slots(ld: _Loader, raw: Any, known: set[str]) -> dict[str, SlotSpec]:
         sec = f"slots.{name}"
         spec = ld.table(sec, spec, "slots.*")
         kind = spec.get("type", "")
-        if kind not in ("digits", "yes_no"):
-            ld.fail(sec, "type", f"{kind!r} is not one of digits, yes_no")
+        if kind not in SLOT_TYPES:
+            ld.fail(sec, "type", f"{kind!r} is not one of {', '.join(SLOT_TYPES)}")
         if "prompt" not in spec:
             ld.fail(sec, "prompt", "is required (the question that asks for the slot)")
         mine = known | set(raw)  # a prompt may repeat a slot filled earlier
@@ -373,13 +397,12 @@ def _build_slots(ld: _Loader, raw: Any, known: set[str]) -> dict[str, SlotSpec]:
         ld.number(sec, "max_length", hi, lo, 64)
         retry = _opt(ld, sec, "retry", spec, mine) or prompt
         timeout = float(spec.get("digit_timeout_s", SlotSpec.digit_timeout_s))
-        if "digit_timeout_s" in spec and kind != "digits":
-            ld.fail(sec, "digit_timeout_s", "only a digits slot has keypad entry")
+        if "digit_timeout_s" in spec and kind not in KEYED:
+            ld.fail(sec, "digit_timeout_s", f"only {', '.join(KEYED)} slots have keypad entry")
         ld.number(sec, "digit_timeout_s", timeout, 1, 30)
         sensitive = spec.get("sensitive", False)
-        if sensitive and kind != "digits":
-            ld.fail(sec, "sensitive", "only a digits slot can be sensitive (a PIN, a card number)")
-        out[name] = SlotSpec(name, kind, prompt, retry, lo, hi, timeout, sensitive)
+        slot = SlotSpec(name, kind, prompt, retry, lo, hi, timeout, sensitive=sensitive)
+        out[name] = build_slot_rules(ld, sec, slot, spec, mine)
     return out
 
 
@@ -400,7 +423,7 @@ def _build_actions(ld: _Loader, sec: str, raw: dict[str, Any], known: set[str]) 
         reply=ld.template(sec, "reply", raw["reply"], known),
         set=tuple(sets),
         send_dtmf=dtmf,
-        transfer=raw.get("transfer", "").strip(),
+        transfer=ld.transfer(sec, "transfer", raw["transfer"], known) if "transfer" in raw else "",
         hangup=raw.get("hangup", False),
     )
 
@@ -439,8 +462,8 @@ def _build_intent(
     for src in raw.get("patterns", []):
         try:
             patterns.append(re.compile(src, re.IGNORECASE))
-        except re.error as exc:
-            ld.fail(sec, "patterns", f"bad regular expression {src!r}: {exc}")
+        except re.error as exc:  # the pattern as the file has it, not Python's escaping
+            ld.fail(sec, "patterns", f"bad regular expression {as_written(ld.text, src)}: {exc}")
     dtmf = raw.get("dtmf", "")
     if dtmf and (len(dtmf) != 1 or dtmf not in DTMF_KEYS.replace("#", "")):
         ld.fail(sec, "dtmf", f"one key of 0-9 * A-D, got {dtmf!r} ('#' ends digit entry)")

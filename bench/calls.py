@@ -242,7 +242,7 @@ async def _run(
     write_tone(out / TONE_NAME)
     for old in out.glob("uac_rtp_call_*_rtt.csv"):
         old.unlink()
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     config = replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0", max_calls=calls + 10),

@@ -70,7 +70,7 @@ SAMPLE_S = 0.25
 
 def bridge_config(mode: str, calls: int, ports: str, t1: float = 0.5) -> BridgeConfig:
     """The bridge under test: room for the legitimate calls and a few more."""
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     trunks: tuple[TrunkConfig, ...] = ()
     if mode == "trunk":
         trunks = (TrunkConfig(name="carrier", acl=(f"{LEGIT_IP}/32",)),)

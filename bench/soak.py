@@ -86,6 +86,8 @@ port = {mqtt_port}
 spool_dir = "{name}-spool"
 [control]
 socket = "{name}.sock"
+[http]
+listen = ""
 """
 
 

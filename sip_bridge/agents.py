@@ -30,7 +30,14 @@ if TYPE_CHECKING:
     from model_runtime.speech_to_speech import SpeechToSpeechModel
     from sip_bridge.config_types import AgentConfig
 
-__all__ = ["fallback_prompt", "load_agent_models", "make_agent", "prepare_agents", "take_over"]
+__all__ = [
+    "fallback_prompt",
+    "load_agent_models",
+    "make_agent",
+    "prepare_agents",
+    "profile_name",
+    "take_over",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +107,15 @@ def _speech_model(config: BridgeConfig) -> tuple[SpeechToSpeechModel, FrameBatch
             batcher = TickBatcher(model.run_batch) if sm.batch else None
             entry = _speech[sm] = (model, batcher)
     return entry
+
+
+def profile_name(agent: Agent) -> str:
+    """The name of the profile a voice agent answers with (``[agent] name``, else its file's
+    stem; the after-hours one out of hours); "" for other agents."""
+    from agent.profile import AgentProfile
+
+    profile = getattr(agent, "profile", None)
+    return profile.name if isinstance(profile, AgentProfile) else ""
 
 
 def fallback_prompt(a: AgentConfig, sample_rate: int) -> NDArray[np.int16]:

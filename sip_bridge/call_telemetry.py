@@ -81,6 +81,7 @@ class CallFacts:
     started: float = field(default_factory=time.time)  # wall clock, for records and events
     answered: float | None = None
     codec: str = ""
+    profile: str = ""  # the voice agent's profile that answered (its name), else ""
 
 
 @dataclass
@@ -185,17 +186,19 @@ class CallTelemetry:
             c.caller, c.callee, trunk=c.trunk, route=c.route, agent=c.agent, remote=c.remote,
         ))  # fmt: skip
 
-    def answered(self, c: CallFacts, codec: str, remote: str, agent: str) -> None:
+    def answered(
+        self, c: CallFacts, codec: str, remote: str, agent: str, profile: str = ""
+    ) -> None:
         c.answered, c.codec, c.remote, c.agent = time.time(), codec, remote, agent
+        c.profile = profile
         setup_s = c.answered - c.started
         if self.metrics is not None:
             self.metrics.call_answered(setup_s)
         if self.records is not None:
             self.records.call_answered(c.call_id, codec=codec, agent=agent, remote=remote,
-                                       at=c.answered)  # fmt: skip
-        self._event(c.call_id, "answered", ce.answered(
-            codec, agent=agent, remote=remote, setup_ms=round(1000 * setup_s, 1)
-        ))  # fmt: skip
+                                       at=c.answered, profile=profile)  # fmt: skip
+        fields = ce.answered(codec, agent=agent, remote=remote, setup_ms=round(1000 * setup_s, 1))
+        self._event(c.call_id, "answered", fields | ({"profile": profile} if profile else {}))
 
     def turn(self, call_id: str, t: TurnCompleted) -> bool:
         """One turn of the call; True when its caller text held a card number (masked).
@@ -257,6 +260,20 @@ class CallTelemetry:
         if self.records is not None:
             self.records.event(call_id, kind, fields, at=at)
         self._event(call_id, kind, fields)
+
+    def transfer_ended(
+        self, call_id: str, target: str, outcome: str, status: int, reason: str
+    ) -> None:
+        """A transfer's final outcome: in the call's timeline and the metrics; anything but
+        success is a WARNING (an operator watching the log learns that escalations fail)."""
+        if outcome != "succeeded":
+            log.warning(
+                "call %s: transfer to %s %s: status %d (%s)", call_id, target, outcome, status,
+                reason,
+            )  # fmt: skip
+        if self.metrics is not None:
+            self.metrics.transfer_ended(outcome, status)
+        self.event(call_id, "transfer", ce.transfer(target, outcome, status, reason))
 
     def _redacted(self, fields: dict[str, Any]) -> dict[str, Any]:
         if not self.redact:
@@ -345,6 +362,7 @@ class CallTelemetry:
             started_at=c.started, answered_at=c.answered, ended_at=now, outcome=outcome,
             reason=reason, codec=c.codec, stats=stats, caller=c.caller, callee=c.callee,
             trunk=c.trunk, route=c.route, agent=c.agent,
+            **({"profile": c.profile} if c.profile else {}),
         ))  # fmt: skip
 
     def _event(self, call_id: str, kind: str, fields: dict[str, object]) -> None:

@@ -4,7 +4,8 @@ It owns the I/O around the sans-I/O :class:`~sip_bridge.uac.OutboundCall`: a UDP
 :class:`~sip_bridge.transport.SipTransport` on an ephemeral port, an RTP port, and the
 :class:`~sip_bridge.media.CallMedia` chain with a :class:`~agent.play_record.PlayRecordAgent`.
 
-``--dtmf`` digits go out as RFC 4733 telephone-events on the call's RTP stream when the
+``--dtmf`` digits go out (``--dtmf-at``: that many seconds after the answer, or once the far
+end's first prompt ended) as RFC 4733 telephone-events on the call's RTP stream when the
 answer negotiated telephone-event (the media's pacer puts them in place of audio frames,
 same SSRC and sequence space), and as SIP INFO (``application/dtmf-relay``) otherwise: the
 media hands a digit it cannot send in-band back as a :class:`~agent.base.DtmfEvent`.
@@ -18,6 +19,9 @@ import logging
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
+from numpy.typing import NDArray
 
 from agent.base import AgentEvent, CallInfo, DtmfEvent, HangupEvent
 from agent.play_record import PlayRecordAgent
@@ -38,11 +42,22 @@ from sip_bridge.uac import (
     UacState,
 )
 
-__all__ = ["CallOptions", "CallResult", "local_address_for", "place_call", "resolve_target"]
+__all__ = [
+    "CallOptions",
+    "CallResult",
+    "local_address_for",
+    "place_call",
+    "prompt_ended",
+    "resolve_target",
+]
 
 log = logging.getLogger(__name__)
 
 AGENT_RATE = 24000
+KEY_GAP_S = 0.3  # between two keys of --dtmf
+POLL_S = 0.1  # how often --dtmf-at prompt looks at what it heard
+PROMPT_GAP_S = 0.8  # quiet after speech that ends a prompt (a pause between sentences: less)
+SPEECH_RMS = 32768 * 10 ** (-45 / 20)  # -45 dBFS: above the line's noise, below quiet speech
 
 
 @dataclass(frozen=True)
@@ -53,7 +68,10 @@ class CallOptions:
     play: Path
     record: Path
     duration_s: float | None = None  # after answer; default: the file's length + tail_s
-    dtmf: str = ""  # digits sent 0.5 s after answer, 0.3 s apart (RFC 4733, else SIP INFO)
+    dtmf: str = ""  # digits sent dtmf_at_s after answer, 0.3 s apart (RFC 4733, else INFO)
+    dtmf_at_s: float = 0.5
+    # or: once the far end's first prompt has ended (speech, then PROMPT_GAP_S of quiet)
+    dtmf_after_prompt: bool = False
     telephone_event: bool = True  # offer RFC 4733 telephone-event in our SDP
     rtp_ports: tuple[int, int] = (40000, 40999)
     answer_timeout_s: float = 30.0
@@ -124,6 +142,10 @@ async def place_call(opts: CallOptions) -> CallResult:
     def later(delay: float, item: str) -> None:
         timers.append(loop.call_later(delay, inbox.put_nowait, item))
 
+    def press(at_s: float) -> None:
+        for i, digit in enumerate(opts.dtmf):
+            later(at_s + KEY_GAP_S * i, f"dtmf:{digit}")
+
     def on_agent_event(event: AgentEvent) -> None:
         if isinstance(event, HangupEvent):
             inbox.put_nowait("hangup")
@@ -148,8 +170,10 @@ async def place_call(opts: CallOptions) -> CallResult:
                     if duration is None:
                         duration = audio.size / AGENT_RATE + opts.tail_s
                     later(duration, "hangup")
-                    for i, digit in enumerate(opts.dtmf):
-                        later(0.5 + 0.3 * i, f"dtmf:{digit}")
+                    if opts.dtmf and opts.dtmf_after_prompt:
+                        later(POLL_S, "prompt?")
+                    elif opts.dtmf:
+                        press(opts.dtmf_at_s)
                 elif isinstance(ev, MediaChanged) and media is not None:
                     try:  # hold, unhold, a new address: the callee re-INVITEd
                         media.update(_media_params(ev.media))
@@ -174,6 +198,12 @@ async def place_call(opts: CallOptions) -> CallResult:
                 events = uac.receive(item.data, item.source, now)
             elif item == "hangup":
                 events = uac.hangup(now)
+            elif item == "prompt?":  # keys once the prompt ended; else look again soon
+                if prompt_ended(agent.recording):
+                    log.info("the prompt ended: pressing %s", opts.dtmf)
+                    press(0.0)
+                else:
+                    later(POLL_S, "prompt?")
             elif isinstance(item, str) and item.startswith("dtmf:") and media is not None:
                 media.send_dtmf(item[5:])  # RFC 4733, or back to us as "info:"
             elif (
@@ -193,6 +223,19 @@ async def place_call(opts: CallOptions) -> CallResult:
         await sip.close()
     recorded = agent.save(opts.record) if answered is not None else 0.0
     return CallResult(result.answered, result.status, result.reason, recorded, result.media)
+
+
+def prompt_ended(heard: NDArray[np.int16], rate: int = 8000, gap_s: float = PROMPT_GAP_S) -> bool:
+    """Whether ``heard`` (what the callee said so far) holds speech followed by at least
+    ``gap_s`` of quiet: the point where a caller following a prompt starts typing."""
+    frame = rate // 50  # 20 ms
+    n = heard.size // frame
+    if n == 0:
+        return False
+    x = heard[: n * frame].astype(np.float64).reshape(n, frame)
+    rms = np.sqrt(np.mean(x * x, axis=1) + 1e-9)
+    loud = np.flatnonzero(rms > SPEECH_RMS)
+    return loud.size >= 5 and (n - 1 - int(loud[-1])) * 0.02 >= gap_s  # 100 ms of speech
 
 
 def _media_params(neg: NegotiatedMedia) -> MediaParams:

@@ -58,10 +58,27 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--record", metavar="OUT.wav", required=True, help="8 kHz WAV of the reply")
     call.add_argument("--duration", metavar="S", type=float, help="seconds after answer")
     call.add_argument("--dtmf", metavar="DIGITS", default="", help="keys to press after answer")
+    call.add_argument(
+        "--dtmf-at", metavar="SECONDS|prompt", type=_dtmf_at, default=0.5,
+        help="when to press them: seconds after the answer (default 0.5), or 'prompt': once "
+        "the far end's first prompt ended (speech, then 0.8 s of quiet)",
+    )  # fmt: skip
     call.add_argument("--rtp-ports", metavar="LOW-HIGH", default="40000-40999")
     call.add_argument("--timeout", metavar="S", type=float, default=30.0, help="ring timeout")
     call.add_argument("-v", "--verbose", action="store_true", help="log SIP and media events")
     return parser
+
+
+def _dtmf_at(value: str) -> float | str:
+    if value == "prompt":
+        return value
+    try:
+        at = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: seconds (e.g. 6.5) or 'prompt'") from None
+    if not 0 <= at <= 3600:
+        raise argparse.ArgumentTypeError(f"{value!r}: 0..3600 seconds after the answer")
+    return at
 
 
 async def run_call(args: argparse.Namespace) -> int:
@@ -77,6 +94,8 @@ async def run_call(args: argparse.Namespace) -> int:
         Path(args.record),
         duration_s=args.duration,
         dtmf=args.dtmf,
+        dtmf_at_s=args.dtmf_at if isinstance(args.dtmf_at, float) else 0.5,
+        dtmf_after_prompt=args.dtmf_at == "prompt",
         rtp_ports=(int(low), int(high or low)),
         answer_timeout_s=args.timeout,
     )
@@ -185,13 +204,14 @@ async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeC
 def show_status(args: argparse.Namespace) -> int:
     """``sip-bridge status``: 0 and the bridge's state, 1 when no bridge answers."""
     import json
+    import tempfile
 
     from sip_bridge.config import parse_hostport
-    from sip_bridge.control import ControlError, format_status, query
+    from sip_bridge.control import ControlError, format_status, query, running_bridges
 
     paths = [args.socket] if args.socket else []
     if not paths:
-        config = load_config(find_config(args.config).path)  # where it keeps the socket
+        config = load_config(find_config(args.config).path)  # the bridge it would run
         port = parse_hostport(args.listen)[1] if args.listen else config.sip.listen_port
         paths = [config.control.socket_path(port)]
         if not config.control.socket:  # where the systemd unit's bridge has it
@@ -202,7 +222,22 @@ def show_status(args: argparse.Namespace) -> int:
     except ControlError as exc:
         also = f" (nor on {', '.join(paths[1:])})" if len(paths) > 1 else ""
         print(f"sip-bridge status: {exc}{also}", file=sys.stderr)
-        return 1
+        if args.socket:
+            return 1
+        # a bridge started on another port (--listen): look for the running ones
+        runtime = os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]
+        folders = [f for f in (runtime, tempfile.gettempdir(), str(RUNTIME_DIR)) if f]
+        found = running_bridges(folders, skip=paths)
+        if len(found) == 1:
+            path, answer = found[0]
+            print(f"sip-bridge status: the bridge running here answers on {path}", file=sys.stderr)
+        else:
+            for sock, st in found:
+                cfg = (st.get("config") or {}).get("path", "?")
+                print(f"  {sock}  listening {st.get('listen', '?')}  config {cfg}", file=sys.stderr)
+            hint = "pick one" if found else "for a bridge with its own control.socket, give it"
+            print(f"sip-bridge status: {hint}: sip-bridge status --socket PATH", file=sys.stderr)
+            return 1
     print(json.dumps(answer, indent=2) if args.json else format_status(answer), flush=True)
     return 0
 
@@ -231,6 +266,10 @@ def check_config(file: str | None) -> int:
         f"{len(config.routes)} route(s), {len(profiles)} agent profile(s)",
         flush=True,
     )
+    for profile in profiles:
+        print(f"  profile loaded: {profile}", flush=True)
+    for warning in config.warnings:
+        print(f"warning: {warning}", flush=True)
     return 0
 
 
@@ -303,6 +342,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logs.configure(config.log.format, config.log.level, verbose=args.verbose,
                    redact=config.records.redact_card_numbers)  # fmt: skip
+    for warning in config.warnings:  # allowed, but probably not what the operator meant
+        logging.getLogger("sip_bridge.config").warning("%s", warning)
     try:
         return asyncio.run(_serve(args, choice, config))
     except (

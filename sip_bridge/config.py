@@ -57,7 +57,7 @@ from sip_bridge.config_types import (
     parse_hostport,
     parse_port_range,
 )
-from sip_bridge.routes import parse_routes
+from sip_bridge.routes import RouteConfig, parse_routes
 from sip_bridge.srtp import SRTP_MODES
 from sip_bridge.trunks import entry_key_line, parse_trunks
 
@@ -307,13 +307,14 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     voice = dict(agent.pop("voice", {}))
     speech_model = build_speech_model(agent.pop("speech_model", None), text, p)
     profile = voice.pop("profile", None)
+    d = AgentConfig  # a key left out: the dataclass's default (one source of defaults)
     agent_cfg = AgentConfig(
-        echo_delay_s=float(echo.get("delay_s", 0.5)),
-        tone_freq_hz=float(tone.get("freq_hz", 1000.0)),
-        tone_level_dbfs=float(tone.get("level_dbfs", -10.0)),
-        playback_file=str(playback.get("file", "")),
-        playback_loop=bool(playback.get("loop", False)),
-        playback_hangup_at_end=bool(playback.get("hangup_at_end", True)),
+        echo_delay_s=float(echo.get("delay_s", d.echo_delay_s)),
+        tone_freq_hz=float(tone.get("freq_hz", d.tone_freq_hz)),
+        tone_level_dbfs=float(tone.get("level_dbfs", d.tone_level_dbfs)),
+        playback_file=str(playback.get("file", d.playback_file)),
+        playback_loop=bool(playback.get("loop", d.playback_loop)),
+        playback_hangup_at_end=bool(playback.get("hangup_at_end", d.playback_hangup_at_end)),
         voice=build_voice(voice, text, p),
         speech_model=speech_model,
         **agent,
@@ -399,6 +400,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         if name == "playback" and not agent_cfg.playback_file:
             line = entry_key_line(text, "routes", i, "agent")
             raise ConfigError(p, line, f"routes[{i + 1}].agent", "needs [agent.playback] file")
+    warnings = _unused_profile(profile, agent_cfg, routes, text, p)
     http = build_http(data.get("http", {}), text, p)
     transfer = build_transfer(data.get("transfer", {}), text, p)
     models = ModelSettings(**data.get("models", {}))
@@ -429,4 +431,24 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         inbound=inbound,
         control=control,
         path=p,
+        warnings=warnings,
+    )
+
+
+def _unused_profile(
+    profile: str | None, agent: AgentConfig, routes: tuple[RouteConfig, ...], text: str, p: str
+) -> tuple[str, ...]:
+    """A profile written into the file that no call would use: the operator meant the
+    voice agent to answer and another one will (an empty [agent] name is "voice")."""
+    if profile is None:
+        return ()
+    used = BridgeConfig(agent=agent, routes=routes).agent_configs()
+    if any(c.agent.name == "voice" and c.agent.voice_profile == agent.voice_profile for c in used):
+        return ()
+    line = _line_of(text, "agent", "name")
+    where = f"{p}:{line}" if line else p
+    return (
+        f"{where}: agent.name = {agent.name!r}: agent.voice.profile "
+        f'({agent.voice_profile}) answers no call; set agent.name = "voice" (or a route '
+        'agent = "voice") to use it',
     )

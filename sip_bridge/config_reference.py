@@ -106,7 +106,7 @@ MEANINGS: dict[str, str] = {
     " or keyed) in records, events and logs",
     "metrics.listen": "`HOST:PORT` of `/metrics` and `/healthz`; empty: off",
     "http.listen": "`HOST:PORT` of the talk page (`/talk`) and the operator console"
-    " (`/console`); empty: off (the shipped file: `127.0.0.1:8088`)",
+    " (`/console`); empty: off",
     "http.ice_addresses": "IP addresses WebRTC media may use (host candidates, never STUN);"
     " empty: the listen address, or every host address when listening on `0.0.0.0`/`::`",
     "http.operator_token_env": "environment variable holding the operator token (reads and acts:"

@@ -14,7 +14,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from agent.transfer_target import target_problem
 from agent.voice_settings import VoiceSettings
+from agent.wav_format import describe_wav, unsupported_wav
 from sip_bridge.config_types import (
     MODEL_FAULT_ACTIONS,
     TOKEN_ROLES,
@@ -126,9 +128,9 @@ def build_model_fault(a: AgentConfig, text: str, p: str) -> AgentConfig:
         line = _line_of(text, "agent", "on_model_fault")
         raise ConfigError(p, line, "agent.fault_transfer_to", "is required with on_model_fault"
                           ' = "transfer"')  # fmt: skip
-    if target and not re.fullmatch(r"sips?:[^\s<>\"]+|\+?[0-9*#]{1,32}", target):
+    if target and (why := target_problem(target)):
         line = _line_of(text, "agent", "fault_transfer_to")
-        raise ConfigError(p, line, "agent.fault_transfer_to", "must be a sip: URI or a number")
+        raise ConfigError(p, line, "agent.fault_transfer_to", why)
     prompt = a.fallback_prompt
     if prompt:
         f = Path(prompt)
@@ -173,12 +175,12 @@ def _wav_problem(f: Path, *, rates: tuple[int, ...] | None, mono: bool) -> str:
     try:
         with wave.open(str(f), "rb") as w:
             shape = (w.getnchannels(), w.getsampwidth(), w.getframerate(), w.getnframes())
-    except (wave.Error, EOFError, OSError) as exc:
-        return f"{f}: not a WAV file ({exc})"
+    except (wave.Error, EOFError, OSError):  # "unknown format: 65534": say it in words
+        return f"{f}: {unsupported_wav(f)}"
     channels, width, rate, frames = shape
     bad_rate = rate not in rates if rates else not 8000 <= rate <= 48000
     if channels not in ((1,) if mono else (1, 2)) or width != 2 or bad_rate or frames == 0:
-        got = f"{channels} channel(s), {8 * width}-bit, {rate} Hz, {frames} samples"
+        got = f"{channels} channel(s), {describe_wav(f)}, {rate} Hz, {frames} samples"
         need = "mono" if mono else "mono or stereo"
         at = "8, 16 or 24 kHz" if rates else "8-48 kHz"
         return f"{f}: need {need} 16-bit PCM at {at} with audio, got {got}"

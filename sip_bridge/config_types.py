@@ -154,7 +154,7 @@ class SpeechModelConfig:
 
 @dataclass(frozen=True)
 class AgentConfig:
-    name: str = "echo"
+    name: str = "voice"  # the talking agent; echo, tone, playback: line checks
     echo_delay_s: float = 0.5
     tone_freq_hz: float = 1000.0
     tone_level_dbfs: float = -10.0
@@ -226,7 +226,7 @@ class NodeConfig:
 class RecordsConfig:
     """Call records (CDRs, turns, events) in SQLite: ``sip-bridge calls list|show``."""
 
-    enabled: bool = False  # the shipped config/bridge.toml turns them on
+    enabled: bool = True
     db: str = ""  # empty: $SIP_BRIDGE_DATA/calls.sqlite, else ~/.local/share/sip-bridge/
     recordings_dir: str = ""  # a stereo WAV per call here (caller left, agent right); "": off
     keep_days: int = 90  # records and recordings older than this are purged; 0 = forever
@@ -257,7 +257,7 @@ class HttpToken:
 class HttpConfig:
     """The browser leg (talk to an agent over WebRTC) and the operator console."""
 
-    listen: str = ""  # HOST:PORT; empty: off (the shipped config/bridge.toml turns it on)
+    listen: str = "127.0.0.1:8088"  # HOST:PORT; empty: off
     ice_addresses: tuple[str, ...] = ()  # WebRTC host candidates; empty: the listen host
     operator_token_env: str = ""  # console actions need this token (hang up, transfer)
     operator_token_file: str = ""
@@ -354,6 +354,22 @@ class BridgeConfig:
     log: LogConfig = field(default_factory=LogConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
     path: str = "<defaults>"
+    # what is allowed but probably not meant (a profile no call uses...): `config check`
+    # prints them, `run` logs them at start
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def line_check(cls) -> BridgeConfig:
+        """The defaults with the echo line check as the agent, no call records and no web
+        server: a bridge that needs no models, writes nothing and opens only its SIP port
+        (tests, benchmarks, embedders that wire their own agents)."""
+        base = cls()
+        return replace(
+            base,
+            agent=replace(base.agent, name="echo"),
+            records=replace(base.records, enabled=False),
+            http=replace(base.http, listen=""),
+        )
 
     def for_route(self, route: RouteConfig | None) -> BridgeConfig:
         """The config one call runs with: [agent] as the route (if any) sets it. A route
@@ -399,7 +415,8 @@ class BridgeConfig:
             cfg = replace(cfg, sip=replace(cfg.sip, listen=listen))
         if agent is not None:
             _check_choice(agent, AGENTS, where, None, "--agent")
-            cfg = replace(cfg, agent=replace(cfg.agent, name=agent))
+            # --agent names the agent on purpose: a profile it leaves unused is no surprise
+            cfg = replace(cfg, agent=replace(cfg.agent, name=agent), warnings=())
         if rtp_ports is not None:
             _check_port_range(rtp_ports, where, None, "--rtp-ports")
             cfg = replace(cfg, rtp=replace(cfg.rtp, ports=rtp_ports))

@@ -3,6 +3,7 @@ live calls of both legs (SIP and WebRTC) in one shape for the operator console."
 
 from __future__ import annotations
 
+import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -55,8 +56,18 @@ def _name(cfg: BridgeConfig) -> str:
 def _describe(cfg: BridgeConfig) -> str:
     a = cfg.agent
     if a.name == "voice":
-        return f"{Path(a.voice_profile).stem} (voice agent, {Path(a.voice_profile).name})"
+        return f"{_profile_name(a.voice_profile)} (voice agent, {Path(a.voice_profile).name})"
     return f"{a.name} agent"
+
+
+def _profile_name(path: str) -> str:
+    """A profile's own name (``[agent] name``, as records and events give it), else its
+    file's stem; read without the whole check (the page lists files nobody loaded yet)."""
+    try:
+        name = tomllib.loads(Path(path).read_text(encoding="utf-8")).get("agent", {}).get("name")
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, AttributeError):
+        name = None
+    return name if isinstance(name, str) and name.strip() else Path(path).stem
 
 
 def turn_total_ms(stages: Mapping[str, Any]) -> float | None:
@@ -100,10 +111,12 @@ def live_calls(
         call = bridge.calls.get(c["call_id"])
         cfg = call.config if call is not None and call.config is not None else bridge.config
         turns = _turns(recent.get(c["call_id"], ()))
+        answered = call.facts.profile if call is not None and call.facts is not None else ""
         out.append({
             "call_id": c["call_id"], "leg": "sip", "caller": c["caller"], "callee": c["callee"],
             "trunk": c["trunk"], "route": c["route"], "agent": c["agent"],
-            "profile": _name(cfg) if cfg.agent.name == "voice" else None,
+            # the profile's own name once it answered (the after-hours one, out of hours)
+            "profile": (answered or _name(cfg)) if cfg.agent.name == "voice" else None,
             "state": c["state"], "duration_s": c["duration_s"],
             "jitter_ms": c.get("jitter_ms"), "loss_pct": c.get("loss_pct"),
             "turn_latency_ms": turns[-1]["total_ms"] if turns else None,

@@ -13,10 +13,11 @@ import json
 import logging
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["ControlError", "ControlServer", "format_status", "query"]
+__all__ = ["ControlError", "ControlServer", "format_status", "query", "running_bridges"]
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +100,25 @@ def query(path: str, command: str = "status", timeout_s: float = 3.0) -> dict[st
     if not isinstance(answer, dict):
         raise ControlError(f"garbled answer from {path}")
     return answer
+
+
+def running_bridges(
+    folders: Iterable[str], skip: Iterable[str] = ()
+) -> list[tuple[str, dict[str, Any]]]:
+    """The bridges that answer on a default-named socket (``sip-bridge-<port>.sock``) in
+    ``folders``, with their status: how ``sip-bridge status`` finds one started on another
+    port than its config says (``--listen``). Stale sockets (a killed bridge) are left out."""
+    seen = {str(Path(p)) for p in skip}
+    out = []
+    for folder in dict.fromkeys(folders):  # each once, in order
+        with contextlib.suppress(OSError):
+            for sock in sorted(Path(folder).glob("sip-bridge-*.sock")):
+                if str(sock) in seen or not sock.is_socket():
+                    continue
+                seen.add(str(sock))
+                with contextlib.suppress(ControlError):
+                    out.append((str(sock), query(str(sock), timeout_s=1.0)))
+    return out
 
 
 def format_status(st: dict[str, Any]) -> str:

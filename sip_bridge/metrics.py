@@ -34,6 +34,7 @@ section, no server)::
     # agent's DeadAir:     metrics.dead_air_gap(gap_s)
     # CallEnded, measured: metrics.call_dead_air(longest_s)
     # each model run:      metrics.model_inference("silero_vad", "CPUExecutionProvider", s)
+    # a transfer's end:    metrics.transfer_ended(outcome, status)
     # SIGTERM:             http.set_draining(True) before hanging up the calls
     await http.stop()
 
@@ -48,7 +49,9 @@ Exposed (all prefixed ``sipbridge_``): ``calls_offered_total{trunk}``,
 ``model_faults_total{stage}`` (a model that raised or hung mid-call: the call got the
 fallback prompt), ``dead_air_gap_seconds`` (each silence a caller waited through for the
 agent, agent.dead_air), ``dead_air_seconds_total`` (their sum) and
-``call_dead_air_longest_seconds`` (each ended call's longest).
+``call_dead_air_longest_seconds`` (each ended call's longest), ``transfers_total{outcome,
+status}`` (every transfer's final outcome and the SIP status behind it; 0: none, as for a
+bad target or no final report in time).
 """
 
 from __future__ import annotations
@@ -150,6 +153,7 @@ class BridgeMetrics:
         self._trunk = _Bounded(cap=max_label_values)
         self._model = _Bounded(cap=max_label_values)
         self._provider = _Bounded(cap=max_label_values)
+        self._transfer_status = _Bounded(cap=max_label_values)
         self.offered = Counter(
             "sipbridge_calls_offered",
             "Calls offered to the bridge (INVITEs that started a call), by trunk.",
@@ -215,6 +219,13 @@ class BridgeMetrics:
             "sipbridge_model_faults",
             "Model runs that raised or hung mid-call, by stage; each ended its call's agent.",
             ["stage"],
+            registry=r,
+        )
+        self.transfers = Counter(
+            "sipbridge_transfers",
+            "Transfers (REFER) that ended, by outcome (succeeded, failed) and the SIP status "
+            "behind it (0: no SIP status: a bad target, no final report in time).",
+            ["outcome", "status"],
             registry=r,
         )
         self.dead_air = Histogram(
@@ -337,6 +348,11 @@ class BridgeMetrics:
     def model_fault(self, stage: str) -> None:
         """A call's model raised or hung (``stage``: vad, turn, asr, tts, speech_model)."""
         self.faults.labels(self._fault_stage(stage, none=OTHER)).inc()
+
+    def transfer_ended(self, outcome: str, status: int) -> None:
+        """A transfer's final outcome (``succeeded`` or ``failed``) and its SIP status."""
+        label = "failed" if outcome != "succeeded" else "succeeded"
+        self.transfers.labels(label, self._transfer_status(str(int(status)), none=OTHER)).inc()
 
     def media_path(self, mode: str) -> None:
         """Whether the media path runs compiled or as Python (``media_path_info{mode}``)."""

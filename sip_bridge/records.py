@@ -63,6 +63,7 @@ CALL_FIELDS = (
     "caller",
     "callee",
     "agent",
+    "profile",
     "started_at",
     "answered_at",
     "ended_at",
@@ -87,7 +88,7 @@ CREATE TABLE IF NOT EXISTS calls (
     outcome TEXT, end_reason TEXT, codec TEXT, remote TEXT,
     packets_in INTEGER, packets_out INTEGER, jitter_ms REAL, loss_pct REAL,
     jb_delay_ms REAL, late_frames INTEGER, setup_ms REAL,
-    dead_air_max_ms REAL, dead_air_total_ms REAL
+    dead_air_max_ms REAL, dead_air_total_ms REAL, profile TEXT
 );
 CREATE INDEX IF NOT EXISTS calls_started ON calls (started_at);
 CREATE TABLE IF NOT EXISTS turns (
@@ -342,19 +343,22 @@ class CallRecords:
         remote: str | None = None,
         setup_ms: float | None = None,
         at: float | None = None,
+        profile: str | None = None,
     ) -> bool:
-        """The call was answered and its media runs; ``setup_ms`` defaults to answer - start."""
+        """The call was answered and its media runs; ``setup_ms`` defaults to answer - start;
+        ``profile``: the voice agent's profile that answered (its name)."""
         now = self.clock() if at is None else at
         sql = """INSERT INTO calls (call_id, started_at, answered_at, codec, agent, remote,
-                     setup_ms) VALUES (?, ?, ?, ?, ?, ?, ?)
+                     setup_ms, profile) VALUES (?, ?, ?, ?, ?, ?, ?, ?)
                  ON CONFLICT (call_id) DO UPDATE SET
                      answered_at = excluded.answered_at,
                      codec = coalesce(excluded.codec, codec),
                      agent = coalesce(excluded.agent, agent),
+                     profile = coalesce(excluded.profile, profile),
                      remote = coalesce(excluded.remote, remote),
                      setup_ms = coalesce(excluded.setup_ms,
                                          round((excluded.answered_at - started_at) * 1000, 3))"""
-        params = (call_id, now, now, codec, agent, remote, _finite(setup_ms))
+        params = (call_id, now, now, codec, agent, remote, _finite(setup_ms), profile or None)
         return self._write("call_answered", call_id, sql, params)
 
     def turn(
@@ -551,17 +555,20 @@ class CallRecords:
         }
 
 
+_ADDED_COLUMNS = {**dict.fromkeys(DEAD_AIR_FIELDS, "REAL"), "profile": "TEXT"}
+
+
 def _add_columns(db: sqlite3.Connection) -> None:
-    """The dead-air columns, on a store made before them (once, even with two bridges
-    opening it at the same time)."""
-    if set(DEAD_AIR_FIELDS) <= {r[1] for r in db.execute("PRAGMA table_info(calls)")}:
+    """The columns added since the schema began (dead air, the voice agent's profile), on a
+    store made before them (once, even with two bridges opening it at the same time)."""
+    if set(_ADDED_COLUMNS) <= {r[1] for r in db.execute("PRAGMA table_info(calls)")}:
         return
     db.execute("BEGIN IMMEDIATE")
     try:
         have = {r[1] for r in db.execute("PRAGMA table_info(calls)")}
-        for name in DEAD_AIR_FIELDS:
+        for name, kind in _ADDED_COLUMNS.items():
             if name not in have:
-                db.execute(f"ALTER TABLE calls ADD COLUMN {name} REAL")
+                db.execute(f"ALTER TABLE calls ADD COLUMN {name} {kind}")
         db.execute("COMMIT")
     except BaseException:
         db.execute("ROLLBACK")

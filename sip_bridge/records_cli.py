@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import sys
-import time
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -145,7 +144,7 @@ def _list(store: CallRecords, args: argparse.Namespace) -> str:
     if not rows:
         return "no calls recorded" + (f" with outcome {args.outcome}" if args.outcome else "")
     head = ("started", "call id", "outcome", "duration", "dead air", "caller", "callee",
-            "trunk", "reason")  # fmt: skip
+            "agent", "trunk", "reason")  # fmt: skip
     table = [
         (
             _when(r["started_at"]),
@@ -155,6 +154,7 @@ def _list(store: CallRecords, args: argparse.Namespace) -> str:
             _secs(None if r["dead_air_max_ms"] is None else r["dead_air_max_ms"] / 1000),
             _cut(r["caller"], 32),
             _cut(r["callee"], 32),
+            r["agent"] + (f" ({r['profile']})" if r.get("profile") else "") if r["agent"] else "-",
             r["trunk"] or "-",
             _cut(r["end_reason"], 40),
         )
@@ -181,7 +181,8 @@ def _show(store: CallRecords, args: argparse.Namespace) -> str:
         return json.dumps(record, indent=2)
     call, stats = record["call"], record["stats"]
     lines = [f"call {call['call_id']}"]
-    keys = ("outcome", "end_reason", "caller", "callee", "trunk", "node", "agent", "codec")
+    keys = ("outcome", "end_reason", "caller", "callee", "trunk", "node", "agent", "profile",
+            "codec")  # fmt: skip
     lines += [f"  {k.replace('_', ' '):<12} {_text(call[k])}" for k in (*keys, "remote")]
     lines.append(f"  {'started':<12} {_when(call['started_at'])}")
     lines.append(f"  {'duration':<12} {_secs(call['duration_s'])}")
@@ -229,7 +230,11 @@ def _text(v: Any) -> str:
 
 
 def _when(t: float | None) -> str:
-    return "-" if t is None else time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
+    """ISO 8601 in local time with its zone (``2026-11-25T18:26:27+01:00``), as the console
+    shows it: one format, and an unambiguous one when bridges and people are in other zones."""
+    if t is None:
+        return "-"
+    return datetime.fromtimestamp(t).astimezone().isoformat(timespec="seconds")
 
 
 def _secs(s: float | None) -> str:

@@ -116,10 +116,13 @@ async def reload_bridge(server: BridgeServer, load: Callable[[], BridgeConfig]) 
     from model_runtime.store import ModelError
 
     try:
-        kept = await server.reload(load())
+        config = load()
+        kept = await server.reload(config)
     except (ConfigError, ProfileError, ModelError, ValueError) as exc:
         log.error("config reload refused, the running config stays: %s", exc)
         return False
+    for warning in config.warnings:  # taken, but probably not what was meant
+        log.warning("%s", warning)
     if kept:
         log.warning("config reloaded; these need a restart and kept their values: %s",
                     ", ".join(kept))  # fmt: skip

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from agent.toml_source import as_written
 from sip_bridge.config_types import ConfigError, _line_of, is_file
 from sip_bridge.dtmf import DtmfOutbox
 from sip_bridge.trunks import entry_key_line
@@ -349,11 +350,11 @@ def _check_voice(voice: str, fail: Any, key: str) -> None:
         raise fail(key, f"not an espeak-ng voice name: {voice!r}")
 
 
-def _regex(pattern: str, fail: Any, key: str) -> None:
+def _regex(pattern: str, fail: Any, key: str, text: str) -> None:
     try:
         re.compile(pattern, re.IGNORECASE)
-    except re.error as exc:
-        raise fail(key, f"not a regular expression: {exc}") from None
+    except re.error as exc:  # the pattern as the file has it, not Python's escaping
+        raise fail(key, f"{as_written(text, pattern)} is not a regular expression: {exc}") from None
 
 
 def _step(entry: dict[str, Any], i: int, s: Script, text: str, p: str) -> Step:
@@ -415,8 +416,8 @@ def _step(entry: dict[str, Any], i: int, s: Script, text: str, p: str) -> Step:
             raise fail("wait_s", "seconds, above 0 and at most 600")
         return Pause(**base, seconds=float(value))
     if kind == "expect":
-        _regex(value, fail, "expect")
-        _regex(entry.get("not", ""), fail, "not")
+        _regex(value, fail, "expect", text)
+        _regex(entry.get("not", ""), fail, "not", text)
         quiet = entry.get("quiet_ms", s.quiet_ms)
         if quiet < 100:
             raise fail("quiet_ms", "must be at least 100")

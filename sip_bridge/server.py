@@ -31,7 +31,7 @@ from agent.base import (
 from agent.fallback_prompt import FAULT_REASON
 from sip_bridge import call_events as ce
 from sip_bridge.admission import InboundPolicy
-from sip_bridge.agents import load_agent_models, make_agent, take_over
+from sip_bridge.agents import load_agent_models, make_agent, profile_name, take_over
 from sip_bridge.call_events import Command
 from sip_bridge.call_recording import StereoRecorder, recording_path
 from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
@@ -433,10 +433,10 @@ class BridgeServer:
                 "call %s: transfer to %s %s (%s)", ev.call_id, ev.target, ev.outcome, ev.reason
             )
             call = self.calls.get(ev.call_id)
-            if ev.final:
-                self.telemetry.event(ev.call_id, "transfer", ce.transfer(
-                    ev.target, ev.outcome, ev.status, ev.reason
-                ))  # fmt: skip
+            if ev.final:  # a failure is logged at WARNING and counted there
+                self.telemetry.transfer_ended(
+                    ev.call_id, ev.target, ev.outcome, ev.status, ev.reason
+                )
             if ev.final and call is not None and call.media is not None:
                 result = TransferResult(ev.target, "failed", ev.status, ev.reason)
                 if ev.outcome == "succeeded":
@@ -534,7 +534,7 @@ class BridgeServer:
                                                              agent.sensitive)  # fmt: skip
         if call.facts is not None:
             remote = hostport((params.remote_host, params.remote_port))
-            self.telemetry.answered(call.facts, neg.codec, remote, agent.name)
+            self.telemetry.answered(call.facts, neg.codec, remote, agent.name, profile_name(agent))
         await media.start()
         if call.ended:  # hung up while the media was starting: _teardown saw no media yet
             await media.close("ended during setup")

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from aiohttp import web
 
 from agent.base import AgentEvent, DeadAir, ModelFault, SayText, TurnCompleted
-from sip_bridge.agents import take_over
+from sip_bridge.agents import profile_name, take_over
 from sip_bridge.call_events import Command, Hangup, Say, Transfer
 from sip_bridge.call_telemetry import CallFacts
 from sip_bridge.config_types import (
@@ -275,7 +275,7 @@ class WebServer:
         except Exception as exc:  # a malformed or unusable offer: say so, keep nothing
             await session.close(f"offer refused: {exc}")
             return error(400, f"offer refused: {exc}")
-        self.bridge.telemetry.answered(facts, "opus", peer, agent.name)
+        self.bridge.telemetry.answered(facts, "opus", peer, agent.name, profile_name(agent))
         log.info("browser session %s: %s talks to profile %s (%s)", session.id, peer, key,
                  agent.name)  # fmt: skip
         headers = {"Location": f"/talk/sessions/{session.id}",

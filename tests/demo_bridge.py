@@ -36,15 +36,17 @@ class RunningBridge:
 
 
 @contextlib.contextmanager
-def shipped_bridge(data: Path, start_timeout_s: float = 120.0) -> Iterator[RunningBridge]:
-    """``sip-bridge run --config config/bridge.toml`` on a free SIP port and a random RTP
-    range, records in ``data``; stopped (SIGINT) on exit."""
+def shipped_bridge(
+    data: Path, start_timeout_s: float = 120.0, config: Path = ROOT / "config" / "bridge.toml"
+) -> Iterator[RunningBridge]:
+    """``sip-bridge run --config config/bridge.toml`` (or ``config``) on a free SIP port and
+    a random RTP range, records in ``data``; stopped (SIGINT) on exit."""
     low, high = random_port_range(200, 30000, 39000)
     data.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, SIP_BRIDGE_DATA=str(data))
     cmd = [
         sys.executable, "-m", "sip_bridge.cli", "run",
-        "--config", str(ROOT / "config" / "bridge.toml"),
+        "--config", str(config),
         "--listen", "127.0.0.1:0", "--rtp-ports", f"{low}-{high}", "--http", "off",
     ]  # fmt: skip
     log = (data / "bridge.log").open("w")

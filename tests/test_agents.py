@@ -13,7 +13,7 @@ from sip_bridge.config import BridgeConfig
 def test_the_echo_line_check_runs_at_the_line_rate() -> None:
     """No resampler either way: the caller hears the line back bit-exact (G.711 decoded and
     re-encoded), and 200 echo calls cost two resamplers less each."""
-    agent = make_agent(BridgeConfig())
+    agent = make_agent(BridgeConfig.line_check())
     assert isinstance(agent, EchoAgent) and agent.sample_rate == 8000
     assert agent.delay_samples == 4000  # agent.echo.delay_s = 0.5 at 8 kHz
 

@@ -21,7 +21,8 @@ def _config(tmp_path: Path, broker: Mosquitto, node: str) -> Path:
     f = tmp_path / "bridge.toml"
     f.write_text(
         '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "45600-45699"\n'
-        f'[agent]\nname = "echo"\n[node]\nname = "{node}"\n'
+        f'[agent]\nname = "echo"\n[node]\nname = "{node}"\n[http]\nlisten = ""\n'
+        '[records]\ndb = "calls.sqlite"\n'
         f'[mqtt]\nenabled = true\nport = {broker.port}\nspool_dir = "spool"\n'
     )
     return f
@@ -165,7 +166,7 @@ def test_calls_cut_off_by_a_crash_get_their_ended_event_at_the_next_start(
     broker.start()
     f = _config(tmp_path, broker, "node-c")
     # keep_days = 0: these 1970 rows would otherwise be purged at start (older than 90 days)
-    f.write_text(f.read_text() + '[records]\nenabled = true\ndb = "calls.sqlite"\nkeep_days = 0\n')
+    f.write_text(f.read_text().replace("[records]\n", "[records]\nkeep_days = 0\n"))
     store = CallRecords(str(tmp_path / "calls.sqlite"))
     store.call_started("cut-1", node="node-c", trunk=None, caller="100", callee="7000",
                        remote="127.0.0.1:5062", agent="echo", at=1000.0)  # fmt: skip

@@ -101,7 +101,7 @@ def test_calls_after_hours_get_the_after_hours_profile(
         'timezone = "Europe/London"\nmon = "08:00-18:00"\n'
         'after_hours_profile = "after_hours.toml"\n',
     )
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     config = replace(base, agent=replace(base.agent, name="voice", voice_profile=str(main)))
     now = [_at(2026, 11, 23, 9, 0)]  # Monday, open
 

@@ -45,7 +45,7 @@ def _read_wav(path: Path) -> tuple[np.ndarray, int]:
 
 
 def _config() -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     return replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),
@@ -161,3 +161,26 @@ def test_cli_call_exits_1_and_prints_the_status_when_the_callee_is_busy(
     assert methods == ["INVITE", "ACK"]
     assert "486 Busy Here" in capsys.readouterr().out
     assert not (tmp_path / "out.wav").exists()
+
+
+def test_a_wav_it_cannot_play_is_named_in_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`call --play` on a 32-bit float WAV (what editors and sox write as EXTENSIBLE): exit 2
+    and the format in words, not `unknown format: 65534`; nothing is dialled."""
+    import struct
+
+    guid = struct.pack("<H", 3) + bytes.fromhex("000000001000800000aa00389b71")
+    fmt = struct.pack("<HHIIHH", 0xFFFE, 1, 8000, 32000, 4, 32) + struct.pack("<HHI", 22, 32, 4)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 40) + fmt + guid
+    body += b"data" + struct.pack("<I", 800) + b"\0" * 800
+    play = tmp_path / "float.wav"
+    play.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    code = cli.main(["call", "sip:echo@127.0.0.1:9", "--play", str(play),
+                     "--record", str(tmp_path / "out.wav")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.strip() == (
+        f"sip-bridge call: {play}: 32-bit float WAV (WAVE_FORMAT_EXTENSIBLE) is not supported:"
+        " use 16-bit PCM (e.g. `sox in.wav -b 16 -e signed-integer out.wav`)"
+    )

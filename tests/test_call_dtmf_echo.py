@@ -53,7 +53,7 @@ async def _final(sock: socket.socket) -> SipResponse:
 
 
 def test_phone_keys_come_back_as_rfc4733_from_the_echo() -> None:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     config = replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),

@@ -43,7 +43,7 @@ async def _recv_final(sock: socket.socket) -> SipResponse:
 
 def test_caller_hears_its_tone_echoed_after_the_configured_delay() -> None:
     """...while 200 garbage datagrams hit the SIP port and the call's RTP port."""
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     config = replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),

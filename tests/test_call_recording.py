@@ -128,7 +128,7 @@ def test_a_recorded_call_holds_both_sides(tmp_path: Path) -> None:
     f = tmp_path / "bridge.toml"
     f.write_text(
         '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "45800-45899"\n'
-        '[agent]\nname = "echo"\n[agent.echo]\ndelay_s = 0.5\n'
+        '[agent]\nname = "echo"\n[agent.echo]\ndelay_s = 0.5\n[http]\nlisten = ""\n'
         '[records]\nenabled = true\ndb = "calls.sqlite"\nrecordings_dir = "rec"\n'
     )
     play = write_wav(tmp_path / "a.wav", _tone(440, 16000))
@@ -181,6 +181,7 @@ def test_a_turn_with_a_card_number_blanks_the_callers_side_back_to_the_turn_befo
     f = tmp_path / "bridge.toml"
     f.write_text(
         '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "45800-45899"\n'
+        '[agent]\nname = "echo"\n[http]\nlisten = ""\n'
         '[records]\nenabled = true\ndb = "calls.sqlite"\nrecordings_dir = "rec"\n'
     )
     play = write_wav(tmp_path / "a.wav", _tone(440, 5 * 8000))

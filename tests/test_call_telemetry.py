@@ -50,3 +50,32 @@ def test_keypad_turns_and_dead_air_reach_records_events_and_metrics(tmp_path: Pa
     total = t.metrics.registry.get_sample_value("sipbridge_dead_air_seconds_total")
     assert total == pytest.approx(1.7905)
     records.close()
+
+
+def test_the_profile_that_answered_reaches_the_record_and_the_events(tmp_path: Path) -> None:
+    """History, /api/history and MQTT name the voice agent's profile, not only "voice"."""
+    from agent.profile import load_profile
+    from sip_bridge.agents import profile_name
+
+    class Voice:  # what the bridge reads of a voice agent: the profile it answers with
+        profile = load_profile(Path(__file__).resolve().parents[1] / "config/agents/demo.toml")
+
+    assert profile_name(Voice()) == "acme-demo"  # type: ignore[arg-type]
+    assert profile_name(object()) == ""  # type: ignore[arg-type]
+    events: list[tuple[str, str, dict[str, Any]]] = []
+    records = CallRecords(tmp_path / "calls.sqlite")
+    t = CallTelemetry("n1", records=records, events=lambda c, k, f: events.append((c, k, f)))
+    facts = CallFacts("c-2", "sip:alice@x", "sip:support@y", None, None, "voice", "1.2.3.4:5")
+    t.offered(facts)
+    t.answered(facts, "PCMU", "1.2.3.4:4000", "voice", "acme-demo")
+    t.ended(facts, "answered", "caller hung up")
+    (row,) = records.list()
+    assert (row["agent"], row["profile"]) == ("voice", "acme-demo")
+    kinds = {k: f for _, k, f in events}
+    assert kinds["answered"]["profile"] == kinds["ended"]["profile"] == "acme-demo"
+    echo = CallFacts("c-3", "sip:bob@x", "sip:echo@y", None, None, "echo", "1.2.3.4:5")
+    t.offered(echo)
+    t.answered(echo, "PCMU", "1.2.3.4:4002", "echo")
+    assert "profile" not in events[-1][2]  # a line check has none
+    assert records.show("c-3")["call"]["profile"] is None  # type: ignore[index]
+    records.close()

@@ -174,10 +174,61 @@ def test_status_also_looks_where_the_systemd_unit_keeps_the_socket(
 ) -> None:
     """An operator's shell has no $RUNTIME_DIRECTORY: status tries the temp dir, then
     /run/sip-bridge (the unit's RuntimeDirectory), and names both when nobody answers."""
+    import tempfile
+
     monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # not the machine's other bridges
     conf = tmp_path / "bridge.toml"
     conf.write_text('[sip]\nlisten = "127.0.0.1:5999"\n')
     assert cli_main(["status", "--config", str(conf)]) == 1
     err = capsys.readouterr().err
     assert "no bridge answers on" in err and "sip-bridge-5999.sock" in err, err
+    assert f"no bridge answers on {tmp_path / 'sip-bridge-5999.sock'}" in err, err
     assert "(nor on /run/sip-bridge/sip-bridge-5999.sock)" in err, err
+
+
+def test_status_finds_a_bridge_started_on_another_port_or_lists_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The config says port 5999; the bridge runs with --listen on another: `status` finds
+    it among the sockets that answer; with two running, it lists them and hints --socket."""
+    import asyncio
+    import tempfile
+    from dataclasses import replace
+
+    from sip_bridge.config import BridgeConfig
+    from sip_bridge.server import BridgeServer
+
+    monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # not the machine's other bridges
+    conf = tmp_path / "bridge.toml"
+    conf.write_text('[sip]\nlisten = "127.0.0.1:5999"\n')
+    base = BridgeConfig.line_check()
+    config = replace(base, sip=replace(base.sip, listen="127.0.0.1:0"))
+    (tmp_path / "sip-bridge-6001.sock").touch()  # not a socket: passed over
+
+    async def status_with(n: int) -> tuple[int, str, str, list[int]]:
+        servers = [BridgeServer(config, control=True) for _ in range(n)]
+        for s in servers:
+            await s.start()
+        try:
+            code = await asyncio.to_thread(cli_main, ["status", "--config", str(conf)])
+        finally:
+            for s in servers:
+                await s.stop()
+        out, err = capsys.readouterr()
+        return code, out, err, [s.port for s in servers]
+
+    code, out, err, (port,) = asyncio.run(status_with(1))
+    sock = tmp_path / f"sip-bridge-{port}.sock"
+    assert code == 0, err
+    assert "no bridge answers on" in err and "sip-bridge-5999.sock" in err
+    assert f"the bridge running here answers on {sock}" in err
+    assert f"listening udp+tcp 127.0.0.1:{port}" in out
+    code, out, err, ports = asyncio.run(status_with(2))
+    assert code == 1 and out == ""
+    for p in ports:
+        assert f"  {tmp_path / f'sip-bridge-{p}.sock'}  listening udp+tcp 127.0.0.1:{p}" in err
+    assert "pick one: sip-bridge status --socket PATH" in err
+    code, out, err, _ = asyncio.run(status_with(0))
+    assert code == 1 and "give it: sip-bridge status --socket PATH" in err

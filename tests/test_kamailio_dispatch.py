@@ -27,7 +27,7 @@ FR_TIMER_MS = 1000  # how long a silent node (or probe) is waited for
 
 
 def _config(rtp_ports: str, max_calls: int = 20) -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     return replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0", max_calls=max_calls, transports=("udp",)),

@@ -177,7 +177,7 @@ def test_each_call_s_lines_carry_its_own_id(tmp_path: Path) -> None:
         return agents[-1]
 
     play = write_wav(tmp_path / "a.wav", tone((440,), 2.0, 0.2))
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     cfg = replace(base, sip=replace(base.sip, listen="127.0.0.1:0"),
                   rtp=replace(base.rtp, ports="47300-47399"))  # fmt: skip
 

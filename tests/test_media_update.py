@@ -177,7 +177,7 @@ def _sip(
 
 def test_server_applies_reinvite_hold_and_new_port() -> None:
     low = random.Random().randrange(30000, 60000, 2)
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     config = dataclasses.replace(
         base,
         sip=dataclasses.replace(base.sip, listen="127.0.0.1:0"),

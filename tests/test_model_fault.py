@@ -484,7 +484,7 @@ def test_a_transfer_that_fails_after_the_prompt_hangs_up() -> None:
     [
         ('on_model_fault = "reboot"', "agent.on_model_fault: 'reboot' is not one of"),
         ('on_model_fault = "transfer"', "agent.fault_transfer_to: is required"),
-        ('fault_transfer_to = "a desk"', "agent.fault_transfer_to: must be a sip: URI"),
+        ('fault_transfer_to = "a desk"', "agent.fault_transfer_to: 'a desk' is not a SIP URI"),
         ("model_timeout_s = -1", "agent.model_timeout_s: must be 0"),
         ('fallback_prompt = "nope.wav"', "agent.fallback_prompt: no such file"),
         ('fallback_prompt = "bridge.toml"', "agent.fallback_prompt: "),

@@ -67,7 +67,7 @@ def test_a_stale_build_is_named_and_refused(monkeypatch: pytest.MonkeyPatch) -> 
     assert status.problem() is None
     with pytest.raises(native.NativeBuildError, match="make native"):
         native.require_fresh()
-    server = BridgeServer(BridgeConfig())
+    server = BridgeServer(BridgeConfig.line_check())
     with pytest.raises(native.NativeBuildError):  # before it binds a port or loads a model
         asyncio.run(server.start())
     assert server.transport.local is None

@@ -35,7 +35,7 @@ def _rss_mb() -> float:
 
 @pytest.mark.timeout(180)
 def test_a_thousand_sequential_calls_leak_nothing() -> None:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     config = replace(
         base,
         # a short T1: finished transactions (Timers J, K, I: 64*T1 at most) drain in 3 s

@@ -16,7 +16,7 @@ from sip_bridge.server import BridgeServer
 
 
 def _config(db: Path) -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     return replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),

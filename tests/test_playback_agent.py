@@ -166,16 +166,30 @@ def _raw_wav(path: Path, fmt: int, channels: int, rate: int, bits: int, data: by
     return path
 
 
+def _extensible(path: Path, subformat: int, bits: int) -> Path:
+    """A WAVE_FORMAT_EXTENSIBLE file (what sox and most editors write for float or > 2 ch)."""
+    block = bits // 8
+    guid = struct.pack("<H", subformat) + bytes.fromhex("000000001000800000aa00389b71")
+    fmt = struct.pack("<HHIIHH", 0xFFFE, 1, 8000, 8000 * block, block, bits)
+    fmt += struct.pack("<HHI", 22, bits, 4) + guid
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt
+    body += b"data" + struct.pack("<I", 400) + b"\0" * 400
+    path.write_bytes(b"RIFF" + struct.pack("<I", len(body)) + body)
+    return path
+
+
 @pytest.mark.parametrize(
     ("make", "message"),
     [
-        (lambda p: _raw_wav(p, 3, 1, 24000, 32, b"\0" * 400), "not a playable WAV"),  # float
-        (lambda p: _raw_wav(p, 1, 1, 24000, 8, b"\x80" * 400), "8-bit samples"),
-        (lambda p: _raw_wav(p, 1, 1, 24000, 24, b"\0" * 300), "24-bit samples"),
+        (lambda p: _raw_wav(p, 3, 1, 24000, 32, b"\0" * 400), "32-bit float WAV is not su"),
+        (lambda p: _extensible(p, 3, 32), r"32-bit float WAV \(WAVE_FORMAT_EXTENSIBLE\) is not"),
+        (lambda p: _raw_wav(p, 7, 1, 8000, 8, b"\xff" * 400), "8-bit mu-law WAV is not supp"),
+        (lambda p: _raw_wav(p, 1, 1, 24000, 8, b"\x80" * 400), "8-bit PCM WAV is not supported"),
+        (lambda p: _raw_wav(p, 1, 1, 24000, 24, b"\0" * 300), "24-bit PCM WAV is not supported"),
         (lambda p: _raw_wav(p, 1, 4, 24000, 16, b"\0" * 800), "4 channels"),
         (lambda p: _raw_wav(p, 1, 1, 24000, 16, b""), "contains no audio"),
-        (lambda p: p.write_bytes(b"ID3\x03 this is an mp3") and p, "not a playable WAV"),
-        (lambda p: p.write_bytes(b"") and p, "not a playable WAV"),
+        (lambda p: p.write_bytes(b"ID3\x03 this is an mp3") and p, "not a WAV file"),
+        (lambda p: p.write_bytes(b"") and p, "not a WAV file"),
     ],
 )
 def test_bad_files_give_clear_errors(tmp_path: Path, make: object, message: str) -> None:
@@ -183,7 +197,11 @@ def test_bad_files_give_clear_errors(tmp_path: Path, make: object, message: str)
     make(path)  # type: ignore[operator]
     with pytest.raises(WavFormatError, match=message) as info:
         PlaybackAgent(path)
-    assert str(path) in str(info.value)
+    assert str(path) in str(info.value) and "unknown format" not in str(info.value)
+    if "not supported" in message or "not a WAV" in message:
+        assert str(info.value).endswith(
+            "use 16-bit PCM (e.g. `sox in.wav -b 16 -e signed-integer out.wav`)"
+        )
     assert isinstance(info.value, ValueError)
 
 

@@ -120,6 +120,18 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             "intents.x.patterns",
             "bad regular",
         ),
+        (  # shown as the file has it, not with Python's doubled backslashes
+            "[intents.x]\npatterns = ['^\\d+(\\s']\nreply = \"hi\"\n",
+            11,
+            "intents.x.patterns",
+            "bad regular expression '^\\d+(\\s': missing ), unterminated subpattern",
+        ),
+        (
+            '[intents.x]\npatterns = ["^\\\\d+(\\\\s"]\nreply = "hi"\n',
+            11,
+            "intents.x.patterns",
+            'bad regular expression "^\\\\d+(\\\\s": missing )',
+        ),
         ('[intents.x]\nkeywords = ["x"]\n', 10, "intents.x.reply", "is required"),
         (
             '[intents.x]\nkeywords = ["x"]\nslots = ["nope"]\nreply = "a"\n',
@@ -152,7 +164,45 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             "intents.x.set.topic",
             "unknown placeholder {nothing}",
         ),
-        ('[slots.s]\ntype = "text"\nprompt = "?"\n', 11, "slots.s.type", "not one of digits"),
+        ('[slots.s]\ntype = "datetime"\nprompt = "?"\n', 11, "slots.s.type", "not one of digits"),
+        ('[slots.s]\ntype = "date"\nprompt = "?"\nmin = 3\n', 13, "slots.s.min", "only a number"),
+        (
+            '[slots.s]\ntype = "time"\nprompt = "?"\nearliest = "8am"\n',
+            13,
+            "slots.s.earliest",
+            "HH:MM",
+        ),
+        (
+            '[slots.s]\ntype = "date"\nprompt = "?"\nweekdays = ["mon", "fr"]\n',
+            13,
+            "slots.s.weekdays",
+            "a list of mon",
+        ),
+        (
+            '[slots.s]\ntype = "number"\nprompt = "?"\nmin = 3\nmax = 1\n',
+            14,
+            "slots.s.max",
+            "below min",
+        ),
+        ('[slots.s]\ntype = "choice"\nprompt = "?"\n', 10, "slots.s.options", "need a table"),
+        (
+            '[slots.s]\ntype = "choice"\nprompt = "?"\n[slots.s.options]\na = ["x"]\nb = ["x"]\n',
+            15,
+            "slots.s.options.b",
+            "'x' is also a",
+        ),
+        (
+            '[slots.s]\ntype = "text"\nprompt = "?"\nconfirm = "maybe"\n',
+            13,
+            "slots.s.confirm",
+            "auto, always, never",
+        ),
+        (
+            '[slots.s]\ntype = "date"\nprompt = "{s:date:long}?"\n',
+            12,
+            "slots.s.prompt",
+            "malformed placeholder",
+        ),
         ('[barge_in]\nbackchannels = "okay"\n', 11, "barge_in.backchannels", "expected list"),
         ("[barge_in]\nbackchannels = [1]\n", 11, "barge_in.backchannels", "list of strings"),
         ('[barge_in]\nbackchannels = ["..."]\n', 11, "barge_in.backchannels", "has no words"),
@@ -179,12 +229,33 @@ def test_templates_escape_braces_and_spell_digits() -> None:
         ('[llm]\nbase_url = "http://h:1"\n', 10, "llm.model", "is required"),
         ("[voice]\nlength_scale = 5\n", 11, "voice.length_scale", "must be 0.5..2"),
         ("[data.orders]\nx = 1\n", 11, "data.orders.x", "row table"),
-        # a sensitive slot is digits only, and no reply may say it back (replies are stored)
+        # a sensitive slot is one a caller keys or says a value into (digits, date, time,
+        # number), and no reply may say it back (replies are stored)
         (
             '[slots.ok]\ntype = "yes_no"\nsensitive = true\nprompt = "?"\n',
             12,
             "slots.ok.sensitive",
-            "only a digits slot can be sensitive",
+            "only a digits, date, time or number slot can be sensitive",
+        ),
+        (
+            '[slots.c]\ntype = "choice"\nsensitive = true\nprompt = "?"\n'
+            '[slots.c.options]\na = ["x"]\n',
+            12,
+            "slots.c.sensitive",
+            "only a digits, date, time or number slot can be sensitive",
+        ),
+        (
+            '[slots.dob]\ntype = "date"\nsensitive = true\nconfirm = "always"\nprompt = "?"\n',
+            13,
+            "slots.dob.confirm",
+            "never spoken back",
+        ),
+        (
+            '[slots.dob]\ntype = "date"\nsensitive = true\nprompt = "?"\n'
+            'confirm_prompt = "{dob:date:spoken}, right?"\n',
+            14,
+            "slots.dob.confirm_prompt",
+            "slot 'dob' is sensitive",
         ),
         (
             '[slots.pin]\ntype = "digits"\nsensitive = true\nprompt = "PIN?"\n'
@@ -210,11 +281,16 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             '[slots.s]\ntype = "yes_no"\nprompt = "?"\ndigit_timeout_s = 3\n',
             13,
             "slots.s.digit_timeout_s",
-            "only a digits slot",
+            "only digits, date, time, number slots have keypad entry",
         ),
         ('[transfer]\nhold_music = "x.wav"\n', 11, "transfer.hold_music", "unknown key"),
         ('[transfer]\nhold_audio = "nope.wav"\n', 11, "transfer.hold_audio", "no such file"),
-        ('[transfer]\nhold_audio = "agent.toml"\n', 11, "transfer.hold_audio", "not a playable"),
+        (
+            '[transfer]\nhold_audio = "agent.toml"\n',
+            11,
+            "transfer.hold_audio",
+            "not a WAV file (no RIFF/WAVE header): use 16-bit PCM",
+        ),
     ],
 )
 def test_mistakes_name_file_line_and_key(

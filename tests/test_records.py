@@ -41,7 +41,7 @@ def _record_call(store: CallRecords, call_id: str = "a84b4c76e66710@pc33.example
         remote="192.0.2.10:5060",
         at=T0,
     )
-    store.call_answered(call_id, codec="PCMU", agent="voice", at=T0 + 0.125)
+    store.call_answered(call_id, codec="PCMU", agent="voice", at=T0 + 0.125, profile="dentist")
     store.event(call_id, "dtmf", {"digit": "1"}, at=T0 + 1.0)
     store.turn(
         call_id,
@@ -108,7 +108,7 @@ def test_schema_wal_and_version(db: Path) -> None:
         "call_id", "node", "trunk", "caller", "callee", "agent", "started_at", "answered_at",
         "ended_at", "duration_s", "outcome", "end_reason", "codec", "remote", "packets_in",
         "packets_out", "jitter_ms", "loss_pct", "jb_delay_ms", "late_frames", "setup_ms",
-        "dead_air_max_ms", "dead_air_total_ms",
+        "dead_air_max_ms", "dead_air_total_ms", "profile",
     ]  # fmt: skip
     assert cols["turns"] == ["call_id", "idx", "at", "caller_text", "agent_text", "timings"]
     assert cols["events"] == ["call_id", "at", "kind", "data"]
@@ -157,6 +157,9 @@ def test_an_older_store_reads_as_it_is_and_gains_the_dead_air_columns(db: Path) 
     assert new is not None and new["stats"]["dead_air_max_ms"] == 812.5
     assert new["stats"]["dead_air_total_ms"] == 1460.0
     assert store.show("old-call") is not None
+    assert store.call_answered("answered", agent="voice", profile="dentist")  # and the profile
+    shown = store.show("answered")
+    assert shown is not None and shown["call"]["profile"] == "dentist"
     store.close()
     CallRecords(db).close()  # again: nothing left to add
     raw = sqlite3.connect(db)  # what an older bridge reads, by name, is all there
@@ -460,11 +463,12 @@ def test_cli_list_table_and_json(db: Path) -> None:
     lines = out.splitlines()
     assert lines[0].split() == [
         "started", "call", "id", "outcome", "duration", "dead", "air", "caller", "callee",
-        "trunk", "reason",
+        "agent", "trunk", "reason",
     ]  # fmt: skip
     assert "rejected-1" in lines[1] and "rejected" in lines[1] and "503 busy" in lines[1]
     assert "a84b4c76e66710@pc33.example.com" in lines[2]
     assert "answered" in lines[2] and "9.0s" in lines[2] and "carrier-1" in lines[2]
+    assert " voice (dentist) " in lines[2]  # the profile that answered, by its name
     assert len(lines) == 3
     rc, out, _ = _cli("list", "--limit", "1", "--db", str(db))
     assert rc == 0 and len(out.splitlines()) == 2 and "rejected-1" in out

@@ -142,12 +142,11 @@ def test_the_calls_command_exports_and_purges(store: CallRecords, tmp_path: Path
 def test_the_bridge_purges_what_is_older_than_keep_days_when_it_starts(
     store: CallRecords, tmp_path: Path
 ) -> None:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     rec = tmp_path / "recordings"
     config = replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),
-        agent=replace(base.agent, name="echo"),
         records=replace(base.records, enabled=True, db=str(store.path), keep_days=30,
                         recordings_dir=str(rec)),
     )  # fmt: skip
@@ -169,11 +168,10 @@ def test_the_bridge_purges_what_is_older_than_keep_days_when_it_starts(
 
 
 def test_keep_days_zero_keeps_everything(store: CallRecords) -> None:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     config = replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),
-        agent=replace(base.agent, name="echo"),
         records=replace(base.records, enabled=True, db=str(store.path), keep_days=0),
     )
 

@@ -67,11 +67,13 @@ enabled = true
 db = "calls.sqlite"
 [control]
 socket = "ctl.sock"
+[http]
+listen = ""
 """
 
 
 def test_keep_bound_keeps_what_needs_a_restart(tmp_path: Path) -> None:
-    old = BridgeConfig()
+    old = BridgeConfig.line_check()
     new = replace(
         old,
         sip=replace(old.sip, listen="127.0.0.1:5999", max_calls=7),

@@ -149,6 +149,7 @@ def test_calls_to_two_numbers_reach_the_agents_their_routes_name(tmp_path: Path)
         '[sip]\nlisten = "127.0.0.1:0"\n[rtp]\nports = "44700-44799"\n'
         '[agent]\nname = "echo"\n[agent.echo]\ndelay_s = 0.1\n'
         "[agent.tone]\nfreq_hz = 1000.0\n"
+        '[http]\nlisten = ""\n[records]\nenabled = false\n'
         '[[routes]]\nname = "tone-line"\ncalled = "7001"\nagent = "tone"\n',
     )
     play = write_wav(tmp_path / "440.wav", tone((440.0,), 1.5))

@@ -49,7 +49,7 @@ def _tone(hz: float, seconds: float, dbfs: float) -> NDArray[np.int16]:
 
 
 def _config(symmetric: str) -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     low = 48000 + 200 * ("off", "on", "auto").index(symmetric)
     return replace(
         base,

@@ -117,7 +117,8 @@ def _bridge(tmp_path: Path, auth: bool) -> Iterator[Bridge]:
     f = tmp_path / "bridge.toml"
     f.write_text(
         f'[sip]\nlisten = "127.0.0.1:{port}"\n[rtp]\nports = "{low}-{high}"\n'
-        '[control]\nsocket = "ctl.sock"\n' + (AUTH_TRUNKS if auth else "")
+        '[control]\nsocket = "ctl.sock"\n[agent]\nname = "echo"\n[http]\nlisten = ""\n'
+        "[records]\nenabled = false\n" + (AUTH_TRUNKS if auth else "")
     )
     env = {**os.environ, "SCAN_TEST_PBX_PASSWORD": PASSWORD, "PYTHONUNBUFFERED": "1"}
     err = (tmp_path / "bridge.err").open("w")

@@ -118,6 +118,7 @@ def test_every_shipped_demo_script_parses() -> None:
         ("[[step]]\nnote = 'nothing'\n", 1, "step[1]", "got none"),
         ('[[step]]\nexpect = "(unclosed"\n', 2, "step[1].expect", "regular expression"),
         ('[[step]]\nexpect = "x"\nnot = "[a"\n', 3, "step[1].not", "regular expression"),
+        ("[[step]]\nexpect = '\\d{2,1}'\n", 2, "step[1].expect", "'\\d{2,1}' is not a regular"),
         ('[[step]]\nplay = "missing.wav"\n', 2, "step[1].play", "no such file"),
         ('[[step]]\ndtmf = "12x"\n', 2, "step[1].dtmf", "keys are 0-9"),
         ('[[step]]\ndtmf = "1"\nmethod = "sms"\n', 3, "step[1].method", "rfc4733, info"),

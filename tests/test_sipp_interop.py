@@ -20,7 +20,7 @@ from sip_bridge.server import BridgeServer
 
 def _config(**sip: object) -> BridgeConfig:
     timers = sip.pop("timers", TimersConfig())
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     sip_cfg = replace(base.sip, listen="127.0.0.1:0", timers=timers, **sip)  # type: ignore[arg-type]
     assert isinstance(sip_cfg, SipConfig)
     rtp = replace(base.rtp, ports="41000-41999")

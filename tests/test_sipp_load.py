@@ -47,7 +47,7 @@ EXPECTED = CALL_S * PPS
 
 
 def _config(rtp_ports: str) -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     return replace(
         base,
         sip=replace(base.sip, listen=f"{HOST}:0", max_calls=CALLS + 10),

@@ -56,7 +56,7 @@ class TransferringAgent(Agent):
 
 
 def test_agent_transfer_by_refer_succeeds_against_sipp(tmp_path: Path) -> None:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     config = replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),

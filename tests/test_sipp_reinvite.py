@@ -66,7 +66,7 @@ class _Seen:
 
 
 def _config(symmetric: str, rtp_ports: str) -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     return replace(
         base,
         sip=replace(base.sip, listen=f"{HOST}:0"),

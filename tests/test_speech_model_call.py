@@ -32,6 +32,7 @@ def _config(tmp_path: Path, model: Path) -> Path:
         f'[agent]\nname = "speech_model"\n'
         f'[agent.speech_model]\npath = "{model.name}"\ninput = "audio"\noutput = "out"\n'
         f'sample_rate = 16000\nframe_samples = 400\nstate = [["held", "hold"]]\n'
+        '[http]\nlisten = ""\n[records]\nenabled = false\n'
     )
     return p
 

@@ -115,7 +115,7 @@ def _free_port() -> int:
 
 
 def _config(pki: Pki, **tls: object) -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     tls_cfg = TlsConfig(
         port=_free_port(),
         certificate=pki.server_cert,

@@ -18,7 +18,7 @@ from sip_bridge.trunks import TrunkConfig
 
 
 def _config(tmp_path: Path, *trunks: TrunkConfig) -> BridgeConfig:
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     return replace(
         base,
         sip=replace(base.sip, listen="127.0.0.1:0"),

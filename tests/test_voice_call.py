@@ -146,6 +146,8 @@ def test_caller_asks_the_opening_hours_and_hears_them(config: BridgeConfig, code
     call = records.show(records.list(limit=1)[0]["call_id"])
     records.close()
     assert call is not None and call["call"]["outcome"] == "answered"
+    # which profile answered, by its own name ([agent] name), not only "voice"
+    assert (call["call"]["agent"], call["call"]["profile"]) == ("voice", "acme-demo")
     turn = call["turns"][-1]
     assert "hours" in turn["caller_text"].lower() and "Monday" in turn["agent_text"], turn
     assert turn["timings"]["end_of_turn"] > 0 and not turn["timings"]["barged_in"]

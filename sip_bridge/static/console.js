@@ -51,8 +51,11 @@
   const fmt = (v, digits = 0) => (isNum(v) ? v.toFixed(digits) : "–");
   const str = (v) => (v == null || v === "" ? "–" : String(v));
   const cut = (s, n) => { s = s == null ? "" : String(s); return s.length > n ? s.slice(0, n - 1) + "…" : s; };
-  const clock = (d = new Date()) => d.toLocaleTimeString([], { hour12: false });
-  const localTime = (unix) => (isNum(unix) ? new Date(unix * 1000).toLocaleString() : "–");
+  // one timestamp format, as `sip-bridge calls` prints it: ISO 8601, local time with its zone
+  const pad2 = (n) => String(Math.trunc(Math.abs(n))).padStart(2, "0");
+  const isoLocal = (d) => { const z = -d.getTimezoneOffset(); return d.getFullYear() + "-" + pad2(d.getMonth() + 1) + "-" + pad2(d.getDate()) + "T" + pad2(d.getHours()) + ":" + pad2(d.getMinutes()) + ":" + pad2(d.getSeconds()) + (z < 0 ? "-" : "+") + pad2(z / 60) + ":" + pad2(z % 60); };
+  const clock = (d = new Date()) => isoLocal(d);
+  const localTime = (unix) => (isNum(unix) ? isoLocal(new Date(unix * 1000)) : "–");
   const callIdNode = (id) => el("span", { cls: "call-id", text: str(id), title: str(id) });
 
   function setStatus(text, isError = false, sticky = isError) {
@@ -236,7 +239,7 @@
         el("td", { text: localTime(c.started_at) }),
         el("td", { text: str(c.caller) }),
         el("td", { text: str(c.callee) }),
-        el("td", { text: str(c.agent) }),
+        el("td", { text: str(c.agent) + (c.profile ? " (" + c.profile + ")" : "") }),
         el("td", { text: str(c.outcome) }),
         el("td", { cls: "num", text: fmt(c.duration_s, 1) }),
         el("td", { cls: "num", text: fmt(c.setup_ms, 0) }),

@@ -126,7 +126,7 @@ def free_udp_port(even: bool = False) -> int:
 def bridge_config(echo_delay_s: float = 0.5) -> BridgeConfig:
     """The shipped defaults on loopback, with a random RTP range so parallel tests don't meet."""
     low = random.randrange(20000, 59800, 2)
-    base = BridgeConfig()
+    base = BridgeConfig.line_check()
     return dataclasses.replace(
         base,
         sip=dataclasses.replace(base.sip, listen="127.0.0.1:0"),

@@ -1,0 +1,115 @@
+"""What a slot of each type accepts: reading it from words or keys, checking it against the
+slot's rules, and whether to ask the caller to confirm it. Pure; the dialogue engine
+(:mod:`agent.dialogue`) asks, the profile (:class:`agent.profile.SlotSpec`) decides."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+from agent.formatters import time_spoken
+from agent.profile import SlotSpec
+from agent.slot_values import (
+    WEEKDAYS,
+    Heard,
+    date_from_keys,
+    read_choice,
+    read_date,
+    read_number,
+    read_time,
+    time_from_keys,
+)
+from agent.spoken_numbers import digit_runs, yes_no
+
+__all__ = [
+    "KEYED",
+    "PREFILLED",
+    "confirm_format",
+    "from_keys",
+    "hear",
+    "needs_confirmation",
+    "problem",
+    "settle",
+]
+
+#: Slot types typed on the keypad as an entry (ended by '#', its length or a pause).
+KEYED = ("digits", "date", "time", "number")
+#: Slot types filled from the words that started an intent ("book a cleaning tomorrow").
+PREFILLED = ("digits", "date", "time", "choice")
+
+
+def hear(slot: SlotSpec, words: Sequence[str], text: str, today: dt.date) -> Heard | None:
+    """The slot's value in what the caller said; None when it is not there."""
+    if slot.kind == "yes_no":
+        answer = yes_no(words)
+        return Heard(answer) if answer else None
+    if slot.kind == "digits":
+        run = next(
+            (r for r in digit_runs(words) if slot.min_length <= len(r) <= slot.max_length), None
+        )
+        return Heard(run) if run else None
+    if slot.kind == "date":
+        return read_date(words, today)
+    if slot.kind == "time":
+        return settle(slot, read_time(words))
+    if slot.kind == "number":
+        return read_number(words)
+    if slot.kind == "choice":
+        return read_choice(words, dict(slot.options))
+    said = " ".join(text.split()).rstrip(".!?,;: ")  # the words as heard; the template ends it
+    return Heard(said) if said else None
+
+
+def from_keys(slot: SlotSpec, keys: str, today: dt.date) -> Heard | None:
+    """A keypad entry as the slot's value: DDMM, HHMM, a number, digits."""
+    if slot.kind == "date":
+        return date_from_keys(keys, today)
+    if slot.kind == "time":
+        return time_from_keys(keys)
+    if slot.kind == "number":
+        return Heard(str(int(keys))) if keys.isdigit() else None
+    return Heard(keys) if slot.min_length <= len(keys) <= slot.max_length else None
+
+
+def settle(slot: SlotSpec, heard: Heard | None) -> Heard | None:
+    """A time said without am/pm is sure when only one reading fits the slot's hours
+    ("half past two" for an office open 08:00-18:00 is 14:30)."""
+    if heard is None or heard.sure or slot.kind != "time":
+        return heard
+    h, m = (int(x) for x in heard.value.split(":"))
+    other = f"{(h + 12) % 24:02d}:{m:02d}"
+    fits = [v for v in (heard.value, other) if slot.earliest <= v <= slot.latest]
+    return Heard(fits[0]) if len(fits) == 1 else heard
+
+
+def problem(slot: SlotSpec, value: str, today: dt.date) -> str | None:
+    """Why a value the caller gave is not allowed, as a sentence to say; None when it is."""
+    if slot.kind == "date":
+        day = dt.date.fromisoformat(value)
+        if slot.not_past and day < today:
+            return "That day has already passed."
+        if (day - today).days > slot.max_days_ahead:
+            return f"I can only book up to {slot.max_days_ahead} days ahead."
+        if day.weekday() not in slot.weekdays:
+            return f"We're closed on {WEEKDAYS[day.weekday()].capitalize()}s."
+    elif slot.kind == "time":
+        if not slot.earliest <= value <= slot.latest:
+            open_ = f"{time_spoken(slot.earliest)} to {time_spoken(slot.latest)}"
+            return f"That's outside our hours, {open_}."
+    elif slot.kind == "number":
+        n = float(value)
+        low, high = slot.minimum, slot.maximum
+        if (low is not None and n < low) or (high is not None and n > high):
+            lo = "" if low is None else f"at least {low:g}"
+            hi = "" if high is None else f"at most {high:g}"
+            return f"It has to be {' and '.join(x for x in (lo, hi) if x)}."
+    return None
+
+
+def confirm_format(slot: SlotSpec) -> str:
+    """How the default confirmation says the value."""
+    return {"date": ":date:spoken", "time": ":time:spoken"}.get(slot.kind, "")
+
+
+def needs_confirmation(slot: SlotSpec, heard: Heard) -> bool:
+    return slot.confirm == "always" or (slot.confirm == "auto" and not heard.sure)
