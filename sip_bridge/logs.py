@@ -76,12 +76,18 @@ def call_id_of(record: logging.LogRecord) -> str | None:
 
 
 class TextFormatter(logging.Formatter):
-    """A line for a person (:data:`TEXT_FORMAT`); ``redact``: card numbers masked in the
-    message and traceback (``[records] redact_card_numbers``, see :mod:`agent.redaction`)."""
+    """A line for a person (:data:`TEXT_FORMAT`), its time in ISO 8601, local with its zone
+    (``2026-11-25T18:26:27.120+01:00``) as the CLI and the console show times; ``redact``:
+    card numbers masked in the message and traceback (``[records] redact_card_numbers``,
+    see :mod:`agent.redaction`)."""
 
     def __init__(self, redact: bool = True) -> None:
         super().__init__(TEXT_FORMAT)
         self.redact = redact
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        local = datetime.fromtimestamp(record.created).astimezone()
+        return local.isoformat(timespec="milliseconds")
 
     def format(self, record: logging.LogRecord) -> str:
         line = super().format(record)

@@ -9,11 +9,13 @@ import io
 import json
 import logging
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from numpy.typing import NDArray
 from sipp_media import tone, write_wav
 
@@ -46,6 +48,22 @@ def test_a_json_line_has_the_fields_a_collector_reads() -> None:
     text = fmt.format(rec)
     assert "\n" not in text  # one line, the traceback inside it
     assert "RuntimeError: boom ✓" in json.loads(text)["exc"]
+
+
+def test_a_text_line_starts_with_the_local_time_in_iso_8601_with_its_zone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """One timestamp format everywhere: the CLI's and the console's (local, with the zone)."""
+    monkeypatch.setenv("TZ", "Asia/Kolkata")
+    time.tzset()
+    try:
+        rec = _record("answered")
+        rec.created = 1795618800.25  # 2026-11-25T15:00:00.250 UTC
+        line = logs.TextFormatter().format(rec)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert line == "2026-11-25T20:30:00.250+05:30 INFO x.y: answered", line
 
 
 def test_the_call_id_comes_from_extra_the_message_or_the_context() -> None:
