@@ -24,6 +24,8 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.transcript import Transcript, joined
+
 __all__ = ["IncrementalTranscriber", "MoonshineAsr", "Tokenizer"]
 
 MODEL = "moonshine-base-en"
@@ -74,6 +76,13 @@ class Tokenizer:
             idx = int(added["id"])
             self._pieces[idx] = None if added.get("special") else added["content"].encode()
 
+    def has_word(self, idx: int) -> bool:
+        """Whether token ``idx`` holds a letter or a digit (not only punctuation, a space
+        or a special token): a recogniser unsure between "." and "," is not unsure of
+        what was said."""
+        piece = self._pieces[idx] if 0 <= idx < len(self._pieces) else None
+        return piece is not None and any(chr(b).isalnum() for b in piece if b < 128)
+
     def decode(self, ids: Sequence[int]) -> str:
         """Join the pieces; bytes are fused first so multi-byte characters survive."""
         out = b"".join(
@@ -122,16 +131,22 @@ class MoonshineAsr:
 
     def tokens(self, pcm: NDArray[np.int16] | NDArray[np.float32]) -> list[int]:
         """Greedy decode; the token ids without start and end tokens."""
+        return self.decode(pcm)[0]
+
+    def decode(self, pcm: NDArray[np.int16] | NDArray[np.float32]) -> tuple[list[int], float]:
+        """Greedy decode: the token ids (without start and end tokens), and the softmax
+        probability of the least certain word token chosen (1.0 when nothing was said)."""
         x = _to_float(pcm)
         if x.size < _MIN_S * self.sample_rate:
-            return []
+            return [], 1.0
         if float(np.sqrt(np.mean(np.square(x, dtype=np.float64)))) < _SILENCE_RMS:
-            return []
+            return [], 1.0
         x = x[: int(_MAX_S * self.sample_rate)]
         hidden = self.encoder.run(None, {"input_values": x[None, :]})[0]
         empty = np.zeros((1, self._heads, 0, self._head_dim), dtype=np.float32)
         past: dict[str, NDArray[np.float32]] = dict.fromkeys(self._past, empty)
         out: list[int] = []
+        least = 1.0
         token = _START
         for step in range(self.max_tokens(x.size)):
             feeds: dict[str, Any] = {
@@ -141,21 +156,26 @@ class MoonshineAsr:
                 **past,
             }
             logits, *present = self.decoder.run(None, feeds)
-            token = int(np.argmax(logits[0, -1]))
+            last = logits[0, -1].astype(np.float64)
+            token = int(np.argmax(last))
             if token == _EOS:
                 break
             out.append(token)
+            if self.tokenizer.has_word(token):
+                least = min(least, 1.0 / float(np.sum(np.exp(last - last[token]))))
             # the cross-attention cache is computed once, on the first step
             past.update(
                 (name, value)
                 for name, value in zip(self._past, present, strict=True)
                 if step == 0 or ".decoder." in name
             )
-        return out
+        return out, least
 
-    def transcribe(self, pcm: NDArray[np.int16] | NDArray[np.float32]) -> str:
-        """Text of a whole utterance ("" for silence or under 0.1 s of audio)."""
-        return self.tokenizer.decode(self.tokens(pcm)).strip()
+    def transcribe(self, pcm: NDArray[np.int16] | NDArray[np.float32]) -> Transcript:
+        """Text of a whole utterance ("" for silence or under 0.1 s of audio), with how
+        sure the decoder was of its least certain token."""
+        ids, least = self.decode(pcm)
+        return Transcript(self.tokenizer.decode(ids).strip(), least)
 
 
 class IncrementalTranscriber:
@@ -299,7 +319,7 @@ def _joined(futures: list[concurrent.futures.Future[str]]) -> concurrent.futures
         except BaseException as exc:  # a failed or cancelled segment fails the utterance
             result.set_exception(exc)
         else:
-            result.set_result(" ".join(t for t in texts if t))
+            result.set_result(joined(texts))
 
     for fut in futures:
         fut.add_done_callback(done)

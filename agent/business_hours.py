@@ -45,6 +45,16 @@ class BusinessHours:
         minute = local.hour * 60 + local.minute
         return any(a <= minute < b for a, b in self.week[local.weekday()])
 
+    def ranges_on(self, day: dt.date) -> Minutes:
+        """The opening ranges of ``day`` (none on a holiday or a closed weekday)."""
+        return () if day in self.holidays else self.week[day.weekday()]
+
+    def opens_at(self, minute: int, day: dt.date | None = None) -> bool:
+        """Whether the office is open at ``minute`` after midnight: on ``day``, or on
+        some day of the week when no day is given (a time asked before a date)."""
+        days = [self.ranges_on(day)] if day is not None else list(self.week)
+        return any(a <= minute < b for ranges in days for a, b in ranges)
+
 
 def _ranges(value: str) -> Minutes:
     """``"08:00-12:00, 13:00-17:30"`` -> minutes; ValueError says what is wrong."""

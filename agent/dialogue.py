@@ -39,6 +39,7 @@ from agent.sentences import SentenceBuffer
 from agent.slot_rules import KEYED, PREFILLED, from_keys, hear, needs_confirmation, problem
 from agent.slot_values import Heard
 from agent.spoken_numbers import digit_runs, yes_no
+from agent.transcript import confidence_of
 
 __all__ = [
     "DialogueEngine",
@@ -222,7 +223,7 @@ class DialogueEngine:
             intent = self._match(words)
             if heard is not None or intent is None or intent is self._intent:
                 parts = (
-                    self._offer(slot, heard)
+                    self._offer(slot, heard, confidence_of(text))
                     if heard is not None
                     else self._miss(slot.retry.render(self._vars))
                 )
@@ -232,7 +233,7 @@ class DialogueEngine:
         else:
             intent = self._match(words)
         if intent is not None:
-            parts = self._begin(intent, words)
+            parts = self._begin(intent, words, confidence_of(text))
         elif self.llm is not None:
             async for part in self._ask_llm():
                 yield part
@@ -342,31 +343,52 @@ class DialogueEngine:
                 best, best_score = intent, score
         return best
 
-    def _begin(self, intent: Intent, words: Sequence[str]) -> list[ReplyPart]:
-        """Start an intent; digits already said ("where is order 12345") fill its slots."""
+    def _begin(
+        self, intent: Intent, words: Sequence[str], confidence: float = 1.0
+    ) -> list[ReplyPart]:
+        """Start an intent; digits already said ("where is order 12345") fill its slots
+        (when heard surely enough to need no confirmation: otherwise they are asked for)."""
         self._intent, self._filled, self._pending = intent, {}, None
         self._keys, self._key_at, self._confirming = "", None, None
         today = self._today()
         for name in intent.slots:  # "book a cleaning for tomorrow": sure, allowed values only
             slot = self.profile.slots[name]
             heard = hear(slot, words, "", today) if slot.kind in PREFILLED else None
-            if heard is not None and heard.sure and problem(slot, heard.value, today) is None:
+            if (
+                heard is not None
+                and not needs_confirmation(slot, heard, confidence)
+                and self._problem(slot, heard.value, today) is None
+            ):
                 self._filled[name] = heard.value
         return self._proceed()
 
-    def _offer(self, slot: SlotSpec, heard: Heard) -> list[ReplyPart]:
+    def _offer(self, slot: SlotSpec, heard: Heard, confidence: float = 1.0) -> list[ReplyPart]:
         """A value the caller gave: refused with the reason (and the question again), asked
-        back ("the fifteenth, is that right?") when unsure, else the slot is filled."""
+        back ("the fifteenth, is that right?") when unsure (the words, or the ASR under the
+        slot's ``confirm_below``), else the slot is filled."""
         today = self._today()
         values = self._vars | self._filled | {slot.name: heard.value}
-        why = problem(slot, heard.value, today)
+        why = self._problem(slot, heard.value, today)
         if why is not None:
             said = slot.invalid.render(values) if slot.invalid is not None else why
             return self._miss(f"{said} {slot.retry.render(values)}")
-        if needs_confirmation(slot, heard) and slot.confirm_prompt is not None:
+        if needs_confirmation(slot, heard, confidence) and slot.confirm_prompt is not None:
             self._confirming = (slot.name, heard.value)
             return [Say(slot.confirm_prompt.render(values))]
         return self._fill(heard.value)
+
+    def _problem(self, slot: SlotSpec, value: str, today: dt.date) -> str | None:
+        """Why ``value`` is not allowed; a time is checked against the hours of the day
+        already chosen in this intent, when there is one."""
+        day = next(
+            (
+                dt.date.fromisoformat(v)
+                for k, v in self._filled.items()
+                if k in self.profile.slots and self.profile.slots[k].kind == "date"
+            ),
+            None,
+        )
+        return problem(slot, value, today, self.profile.hours, day)
 
     def _confirmed(self, slot: SlotSpec, words: Sequence[str], text: str) -> list[ReplyPart]:
         """The answer to "is that right?": yes fills the slot; "no, the sixteenth" offers
@@ -381,7 +403,7 @@ class DialogueEngine:
             hear(slot, words, text, self._today()) if slot.kind not in ("text", "yes_no") else None
         )
         if heard is not None and heard.value != value:
-            return self._offer(slot, heard)
+            return self._offer(slot, heard, confidence_of(text))
         values = self._vars | self._filled
         if answer == "no":
             return [Say(slot.prompt.render(values))]

@@ -128,6 +128,12 @@ class SlotSpec:
     earliest: str = "00:00"  # time: HH:MM, both included
     latest: str = "23:59"
     confirm: Literal["auto", "always", "never"] = "auto"  # auto: when the value is unsure
+    # auto also asks back a value from words the ASR was less sure of than this (0..1: its
+    # least certain token's probability; 0: the words alone decide)
+    confirm_below: float = 0.0
+    # date/time: refused outside the profile's [hours] (closed days, holidays, a time when
+    # the office is shut that day); only where the profile has [hours]
+    within_hours: bool = True
     confirm_prompt: Template | None = None  # default: "{slot}, is that right?"
     invalid: Template | None = None  # said when a value is understood but not allowed
     # a PIN or a card number: never stored, sent or spoken back (see agent.redaction)

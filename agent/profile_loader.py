@@ -69,8 +69,9 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     | {"max_tokens": _INT},
     "slots.*": _keys(_STR, "type prompt retry earliest latest confirm confirm_prompt invalid")
     | _keys(_INT, "min_length max_length max_days_ahead")
-    | _keys(_NUM, "digit_timeout_s min max")
-    | {"options": _TABLE, "not_past": _BOOL, "sensitive": _BOOL, "weekdays": _LIST},
+    | _keys(_NUM, "digit_timeout_s min max confirm_below")
+    | {"options": _TABLE, "not_past": _BOOL, "sensitive": _BOOL, "weekdays": _LIST}
+    | {"within_hours": _BOOL},
     "intents.*": _ACTIONS
     | _keys(_LIST, "keywords patterns examples slots")
     | _keys(_STR, "dtmf not_found")

@@ -15,12 +15,14 @@ from agent.slot_rules import KEYED, confirm_format
 __all__ = ["SLOT_TYPES", "build_slot_rules"]
 
 SLOT_TYPES = ("digits", "yes_no", "date", "time", "number", "choice", "text")
-_COMMON = {"type", "prompt", "retry", "confirm", "confirm_prompt", "invalid", "sensitive"}
+_COMMON = {
+    "type", "prompt", "retry", "confirm", "confirm_prompt", "confirm_below", "invalid", "sensitive"
+}  # fmt: skip
 _OWN = {
     "digits": {"min_length", "max_length", "digit_timeout_s"},
     "yes_no": set(),
-    "date": {"not_past", "max_days_ahead", "weekdays", "digit_timeout_s"},
-    "time": {"earliest", "latest", "digit_timeout_s"},
+    "date": {"not_past", "max_days_ahead", "weekdays", "within_hours", "digit_timeout_s"},
+    "time": {"earliest", "latest", "within_hours", "digit_timeout_s"},
     "number": {"min", "max", "digit_timeout_s"},
     "choice": {"options"},
     "text": set(),
@@ -64,7 +66,11 @@ def build_slot_rules(
         else parse_template(default)
     )
     invalid = ld.template(sec, "invalid", spec["invalid"], known) if "invalid" in spec else None
-    slot = replace(slot, confirm=confirm, confirm_prompt=confirm_prompt, invalid=invalid)
+    below = spec.get("confirm_below", 0.0)  # types: the profile loader's schema
+    ld.number(sec, "confirm_below", below, 0.0, 1.0)
+    within = spec.get("within_hours", True)
+    slot = replace(slot, confirm=confirm, confirm_prompt=confirm_prompt, invalid=invalid,
+                   confirm_below=float(below), within_hours=within)  # fmt: skip
     if kind == "date":
         ahead = spec.get("max_days_ahead", slot.max_days_ahead)
         ld.number(sec, "max_days_ahead", ahead, 0, 3660)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+from agent.business_hours import BusinessHours
 from agent.formatters import time_spoken
 from agent.profile import SlotSpec
 from agent.slot_values import (
@@ -82,20 +83,36 @@ def settle(slot: SlotSpec, heard: Heard | None) -> Heard | None:
     return Heard(fits[0]) if len(fits) == 1 else heard
 
 
-def problem(slot: SlotSpec, value: str, today: dt.date) -> str | None:
-    """Why a value the caller gave is not allowed, as a sentence to say; None when it is."""
+def problem(
+    slot: SlotSpec,
+    value: str,
+    today: dt.date,
+    hours: BusinessHours | None = None,
+    day: dt.date | None = None,
+) -> str | None:
+    """Why a value the caller gave is not allowed, as a sentence to say; None when it is.
+    ``hours``: the profile's business hours (a slot ``within_hours`` keeps to them);
+    ``day``: the date already chosen, for a time."""
+    shop = hours if slot.within_hours else None
     if slot.kind == "date":
         day = dt.date.fromisoformat(value)
         if slot.not_past and day < today:
             return "That day has already passed."
         if (day - today).days > slot.max_days_ahead:
             return f"I can only book up to {slot.max_days_ahead} days ahead."
-        if day.weekday() not in slot.weekdays:
+        if day.weekday() not in slot.weekdays or (
+            shop is not None and not shop.week[day.weekday()]
+        ):
             return f"We're closed on {WEEKDAYS[day.weekday()].capitalize()}s."
+        if shop is not None and not shop.ranges_on(day):
+            return "We're closed that day."
     elif slot.kind == "time":
         if not slot.earliest <= value <= slot.latest:
             open_ = f"{time_spoken(slot.earliest)} to {time_spoken(slot.latest)}"
             return f"That's outside our hours, {open_}."
+        h, m = (int(x) for x in value.split(":"))
+        if shop is not None and not shop.opens_at(h * 60 + m, day):
+            return _not_open(shop, day)
     elif slot.kind == "number":
         n = float(value)
         low, high = slot.minimum, slot.maximum
@@ -111,5 +128,29 @@ def confirm_format(slot: SlotSpec) -> str:
     return {"date": ":date:spoken", "time": ":time:spoken"}.get(slot.kind, "")
 
 
-def needs_confirmation(slot: SlotSpec, heard: Heard) -> bool:
-    return slot.confirm == "always" or (slot.confirm == "auto" and not heard.sure)
+def needs_confirmation(slot: SlotSpec, heard: Heard, confidence: float = 1.0) -> bool:
+    """Ask the caller back: always, or (auto) when the words left a doubt ("one": the
+    first?) or the ASR was less sure of them than the slot's ``confirm_below``."""
+    unsure = not heard.sure or confidence < slot.confirm_below
+    return slot.confirm == "always" or (slot.confirm == "auto" and unsure)
+
+
+def _not_open(hours: BusinessHours, day: dt.date | None) -> str:
+    """A time outside the hours, said with the hours that apply: the chosen day's, or the
+    week's when every open day keeps the same ones."""
+    if day is not None:
+        return f"We're not open then. That day we're open {_spoken(hours.ranges_on(day))}."
+    kept = {r for r in hours.week if r}
+    if len(kept) == 1:
+        return f"We're not open then. We're open {_spoken(kept.pop())}."
+    return "We're not open at that time on any day."
+
+
+def _spoken(ranges: tuple[tuple[int, int], ...]) -> str:
+    """``((540, 780),)`` -> "9 am to 1 pm"."""
+    return " and ".join(f"{time_spoken(_hhmm(a))} to {time_spoken(_hhmm(b))}" for a, b in ranges)
+
+
+def _hhmm(minute: int) -> str:
+    minute %= 24 * 60  # 24:00, the end of a day open till midnight, is said "midnight"
+    return f"{minute // 60:02d}:{minute % 60:02d}"

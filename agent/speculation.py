@@ -22,6 +22,7 @@ from numpy.typing import NDArray
 
 from agent.dialogue import DialogueEngine, ReplyPart, Say
 from agent.sentences import split_sentences
+from agent.transcript import joined
 
 __all__ = ["Speculation", "join_texts"]
 
@@ -31,9 +32,9 @@ class _Synth(Protocol):
 
 
 async def join_texts(texts: list[Future[str]]) -> str:
-    """The ASR texts of one turn's pieces, in order."""
-    parts = [(await asyncio.shield(asyncio.wrap_future(f))).strip() for f in texts]
-    return " ".join(p for p in parts if p)
+    """The ASR texts of one turn's pieces, in order (a :class:`Transcript`, as sure as its
+    least sure piece)."""
+    return joined([await asyncio.shield(asyncio.wrap_future(f)) for f in texts])
 
 
 class Speculation:

@@ -24,6 +24,7 @@ from models import model_file as _model_file
 from numpy.typing import NDArray
 
 from agent.asr import IncrementalTranscriber, MoonshineAsr, Tokenizer
+from agent.transcript import Transcript
 from resample.resampler import Resampler
 
 RATE = 16000
@@ -132,6 +133,42 @@ def test_decode_is_capped_by_audio_length(asr: MoonshineAsr) -> None:
     one_s = _beckett()[RATE : 2 * RATE]
     assert len(looping.tokens(one_s)) == asr.max_tokens(one_s.size) == 11
     assert looping.transcribe(one_s) == " ".join(["a"] * 11)
+
+
+def test_the_transcript_carries_the_least_sure_words_probability(asr: MoonshineAsr) -> None:
+    """Scripted logits (so the number is exact on every CPU): "yes" at logit 10 over a
+    flat vocabulary, then "." at logit 1 (unsure), then the end: the confidence is the
+    word's probability; a recogniser unsure of punctuation is not unsure of the words."""
+    path = _model_file("moonshine-base-en", "tokenizer.json")
+    vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
+    script = [(vocab["▁yes"], 10.0), (vocab["."], 1.0), (2, 10.0)]  # 2: end of text
+
+    class Scripted:
+        def __init__(self, real: object) -> None:
+            self.real, self.step, self.width = real, 0, 0
+
+        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
+            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
+            token, logit = script[min(self.step, len(script) - 1)]
+            self.step += 1
+            out[0] = np.zeros_like(out[0])
+            out[0][..., token] = logit
+            self.width = out[0].shape[-1]
+            return out
+
+    scripted = MoonshineAsr.__new__(MoonshineAsr)
+    scripted.__dict__.update(asr.__dict__)
+    scripted.decoder = decoder = Scripted(asr.decoder)
+    heard = scripted.transcribe(_beckett()[RATE : 2 * RATE])
+    assert heard == "yes." and isinstance(heard, Transcript)
+    flat = (decoder.width - 1) * np.exp(-10.0)  # every other token at logit 0
+    assert heard.confidence == pytest.approx(1 / (1 + flat), rel=1e-6)
+    real = asr.transcribe(_beckett())
+    assert isinstance(real, Transcript) and 0.0 < real.confidence <= 1.0
+    assert asr.transcribe(np.zeros(2 * RATE, np.int16)).confidence == 1.0  # nothing said
+    tok = Tokenizer(path)
+    assert tok.has_word(vocab["▁yes"]) and tok.has_word(vocab["5"])
+    assert not any(tok.has_word(i) for i in (vocab["."], vocab["▁"], 1, 2, 32000))
 
 
 def test_tokenizer_spaces_bytes_and_specials() -> None:
