@@ -4,13 +4,13 @@ transcripts as the recogniser hands them over (:class:`agent.transcript.Transcri
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from pathlib import Path
 
 import pytest
+from dialogue_turns import said
 
-from agent.dialogue import DialogueEngine, ReplyPart, Say
+from agent.dialogue import DialogueEngine
 from agent.profile import ProfileError, load_profile
 from agent.transcript import Transcript, confidence_of, joined
 
@@ -50,13 +50,6 @@ def _engine(tmp_path: Path, extra: str = "confirm_below = 0.5\n") -> DialogueEng
     return DialogueEngine(load_profile(f), today=lambda: TODAY)
 
 
-def _said(engine: DialogueEngine, text: str) -> str:
-    async def go() -> list[ReplyPart]:
-        return [p async for p in engine.respond(text)]
-
-    return " ".join(p.text for p in asyncio.run(go()) if isinstance(p, Say))
-
-
 def test_a_transcript_is_text_that_knows_how_sure_it_is() -> None:
     t = Transcript("The fifteenth.", 0.3)
     assert t == "The fifteenth." and t.lower() == "the fifteenth." and confidence_of(t) == 0.3
@@ -69,43 +62,43 @@ def test_a_transcript_is_text_that_knows_how_sure_it_is() -> None:
 
 def test_a_day_the_asr_was_unsure_of_is_asked_back_a_sure_one_is_taken(tmp_path: Path) -> None:
     unsure = _engine(tmp_path)
-    assert _said(unsure, "I'd like to book") == "Which day?"
-    asked = _said(unsure, Transcript("The fifteenth.", 0.3))
+    assert said(unsure, "I'd like to book") == "Which day?"
+    asked = said(unsure, Transcript("The fifteenth.", 0.3))
     assert asked == "Tuesday the 15th of December, is that right?"
-    assert _said(unsure, "yes") == "What time?"
+    assert said(unsure, "yes") == "What time?"
     sure = _engine(tmp_path)
-    _said(sure, "I'd like to book")
-    assert _said(sure, Transcript("The fifteenth.", 0.8)) == "What time?"
+    said(sure, "I'd like to book")
+    assert said(sure, Transcript("The fifteenth.", 0.8)) == "What time?"
     # the words alone decide where the slot sets no confirm_below (the default, 0)
     never = _engine(tmp_path, "")
-    _said(never, "book")
-    assert _said(never, Transcript("The fifteenth.", 0.01)) == "What time?"
+    said(never, "book")
+    assert said(never, Transcript("The fifteenth.", 0.01)) == "What time?"
 
 
 def test_a_day_in_the_first_sentence_is_taken_only_when_heard_surely(tmp_path: Path) -> None:
     engine = _engine(tmp_path)
-    assert _said(engine, Transcript("book the fifteenth", 0.9)) == "What time?"
+    assert said(engine, Transcript("book the fifteenth", 0.9)) == "What time?"
     doubt = _engine(tmp_path)
-    assert _said(doubt, Transcript("book the fifteenth", 0.2)) == "Which day?"  # asked for
+    assert said(doubt, Transcript("book the fifteenth", 0.2)) == "Which day?"  # asked for
 
 
 def test_days_and_times_keep_to_the_profiles_hours(tmp_path: Path) -> None:
     engine = _engine(tmp_path)
-    _said(engine, "book")
-    assert _said(engine, "Saturday").startswith("We're closed on Saturdays. Which day")
-    assert _said(engine, "the twenty fifth of December").startswith("We're closed that day.")
-    assert _said(engine, "Friday") == "What time?"  # Friday the 27th: 09:00-13:00
-    assert _said(engine, "two thirty in the afternoon").startswith(
+    said(engine, "book")
+    assert said(engine, "Saturday").startswith("We're closed on Saturdays. Which day")
+    assert said(engine, "the twenty fifth of December").startswith("We're closed that day.")
+    assert said(engine, "Friday") == "What time?"  # Friday the 27th: 09:00-13:00
+    assert said(engine, "two thirty in the afternoon").startswith(
         "We're not open then. That day we're open 9 am to 1 pm. What time"
     )
-    assert _said(engine, "ten a.m.") == "Booked for Friday the 27th of November at 10 am."
+    assert said(engine, "ten a.m.") == "Booked for Friday the 27th of November at 10 am."
     lunch = _engine(tmp_path)
-    _said(lunch, "book")
-    _said(lunch, "today")  # Wednesday: closed 12:00-13:00
-    assert _said(lunch, "12:30 p.m.").startswith("We're not open then. That day we're open")
+    said(lunch, "book")
+    said(lunch, "today")  # Wednesday: closed 12:00-13:00
+    assert said(lunch, "12:30 p.m.").startswith("We're not open then. That day we're open")
     off = _engine(tmp_path, "within_hours = false\n")
-    _said(off, "book")
-    assert _said(off, "Saturday") == "What time?"  # the date slot ignores the hours
+    said(off, "book")
+    assert said(off, "Saturday") == "What time?"  # the date slot ignores the hours
 
 
 @pytest.mark.parametrize(

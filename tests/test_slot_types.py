@@ -4,11 +4,11 @@ shipped booking profile's whole flow on the dialogue engine."""
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from pathlib import Path
 
 import pytest
+from dialogue_turns import said
 
 from agent.dialogue import DialogueEngine, ReplyPart, Say
 from agent.formatters import apply, date_spoken, ordinal, time_spoken
@@ -108,10 +108,7 @@ class Call:
         self.engine = DialogueEngine(BOOKING, today=lambda: TODAY)
 
     def say(self, text: str) -> str:
-        async def go() -> list[ReplyPart]:
-            return [p async for p in self.engine.respond(text)]
-
-        return " ".join(p.text for p in asyncio.run(go()) if isinstance(p, Say))
+        return said(self.engine, text)
 
     def keys(self, keys: str) -> str:
         out = []
@@ -122,7 +119,7 @@ class Call:
         return " ".join(out)
 
 
-def test_a_booking_by_voice_fills_what_the_first_sentence_said() -> None:
+def test_a_booking_by_voice_fills_what_the_first_sentencesaid() -> None:
     call = Call()
     assert "what time" in call.say("I'd like to book a cleaning on the fifteenth").lower()
     assert "name" in call.say("Half past two.")  # 14:30: the only reading within 08:00-17:30
@@ -194,10 +191,7 @@ def test_a_number_slot_with_min_and_max_and_a_text_slot(tmp_path: Path) -> None:
     engine = DialogueEngine(load_profile(f), today=lambda: TODAY)
 
     def say(text: str) -> str:
-        async def go() -> list[ReplyPart]:
-            return [p async for p in engine.respond(text)]
-
-        return " ".join(p.text for p in asyncio.run(go()) if isinstance(p, Say))
+        return said(engine, text)
 
     assert say("a table please") == "How many?"
     assert say("twelve").startswith("We seat 12 at most... no: 1 to 8 people. How many?")
@@ -231,13 +225,6 @@ def _verify(tmp_path: Path, extra: str = "") -> DialogueEngine:
     return DialogueEngine(load_profile(f), today=lambda: TODAY)
 
 
-def _said(engine: DialogueEngine, text: str) -> str:
-    async def go() -> list[ReplyPart]:
-        return [p async for p in engine.respond(text)]
-
-    return " ".join(p.text for p in asyncio.run(go()) if isinstance(p, Say))
-
-
 def _spoken(parts: list[ReplyPart]) -> list[str]:
     return [p.text for p in parts if isinstance(p, Say)]
 
@@ -249,7 +236,7 @@ def test_a_sensitive_date_reaches_the_engine_and_is_never_said_back_or_kept(
     finds the letter); its transcript and the agent's words hold none of it, the keypad
     turn is marked sensitive, and an unsure value is not asked back by repeating it."""
     e = _verify(tmp_path)
-    assert _said(e, "verify me please") == "The date on your letter, please."
+    assert said(e, "verify me please") == "The date on your letter, please."
     assert e.collecting_sensitive
     turns = [e.press(k) for k in "1512"]
     assert turns[:3] == [None] * 3
@@ -258,19 +245,19 @@ def test_a_sensitive_date_reaches_the_engine_and_is_never_said_back_or_kept(
     assert _spoken(entry.parts) == ["Thank you, Dana."]
     assert not e.collecting_sensitive
     e = _verify(tmp_path)
-    _said(e, "verify")
+    said(e, "verify")
     # "One time." is an unsure date (the 1st): with no confirm_prompt of its own a
     # sensitive slot takes it rather than say it back
-    assert _said(e, "One time.").startswith("I can't find that letter.")
-    assert _said(e, "The fifteenth.") == "Thank you, Dana."
-    said = [t for who, t in e.transcript if who == "caller"]
-    assert said[0] == "verify" and all(t.startswith("[redacted") for t in said[1:]), said
+    assert said(e, "One time.").startswith("I can't find that letter.")
+    assert said(e, "The fifteenth.") == "Thank you, Dana."
+    callers = [t for who, t in e.transcript if who == "caller"]
+    assert callers[0] == "verify" and all(t.startswith("[redacted") for t in callers[1:]), callers
     assert not any(w in t for _, t in e.transcript for w in ("fifteenth", "One", "1st"))
 
 
 def test_a_sensitive_slot_is_confirmed_only_with_its_own_prompt(tmp_path: Path) -> None:
     e = _verify(tmp_path, 'confirm = "always"\nconfirm_prompt = "Did I get that right?"\n')
-    _said(e, "verify")
+    said(e, "verify")
     entry = [e.press(k) for k in "1512"][3]
     assert entry is not None and entry.sensitive
     assert _spoken(entry.parts) == ["Did I get that right?"]
