@@ -17,13 +17,11 @@ packet-level phone (`wire_caller.py`), speaking espeak-ng and pressing RFC 4733 
 from __future__ import annotations
 
 import asyncio
-import gc
 import io
 import json
 import logging
 import re
 import wave
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -63,14 +61,7 @@ def leaks(text: str) -> list[str]:
     return WRITTEN.findall(text) + SPOKEN.findall(text)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _quiet_gc() -> Iterator[None]:
-    """As in test_voice_call: the bridge and its caller share this process; freeze the
-    heap earlier tests left, so a full collection does not stall the call."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("quiet_gc")  # tests/conftest.py
 
 
 @dataclass

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -41,14 +40,7 @@ RATE = 8000
 FRAME = 160
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _quiet_gc() -> Iterator[None]:
-    """Bridge and callers share this process: keep full collections of earlier tests'
-    leftovers from stalling both (a real bridge freezes its heap after start)."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("quiet_gc")  # tests/conftest.py
 
 
 def _config(tmp_path: Path, **agent: Any) -> BridgeConfig:

@@ -9,8 +9,6 @@ the whole cascade (VAD, end of turn, ASR, dialogue, TTS, pacing) through G.711.
 from __future__ import annotations
 
 import asyncio
-import gc
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,15 +29,7 @@ from sip_bridge.server import BridgeServer
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _quiet_gc() -> Iterator[None]:
-    """The bridge and its caller share this pytest process, whose heap holds every earlier
-    test's leftovers: a full garbage collection then stalls both for 100 ms or more, which
-    no real bridge (its own process, `gc.freeze()` after start) suffers. Freeze them."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("quiet_gc")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,7 @@ echo stops the greeting and has the question answered. Each call takes 10-20 s.
 from __future__ import annotations
 
 import asyncio
-import gc
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -51,13 +49,7 @@ HOURS = "We're open Monday to Friday, 8 a.m. to 6 p.m., and Saturday 9 to 1."  #
 CALL_S = 40.0  # one call, dialled to hung up: about 20 s; a hang fails it
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _quiet_gc() -> Iterator[None]:
-    """As in tests/test_voice_call.py: the heap of earlier tests must not stall the call."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("quiet_gc")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,8 @@ silences are timed at the caller's socket.
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import re
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -40,13 +38,7 @@ FRAME_S = 0.02
 RINGBACK_OFF_S = 4.0  # the ringback's cadence: 2 s on, 4 s off
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _quiet_gc() -> Iterator[None]:
-    """As in test_voice_call.py: the bridge shares this process with pytest's heap."""
-    gc.collect()
-    gc.freeze()
-    yield
-    gc.unfreeze()
+pytestmark = pytest.mark.usefixtures("quiet_gc")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")
