@@ -25,8 +25,8 @@ class Transcript(str):
         self.confidence = min(1.0, max(0.0, float(confidence)))
         return self
 
-    def __repr__(self) -> str:
-        return f"Transcript({str(self)!r}, confidence={self.confidence:.3f})"
+    def __repr__(self) -> str:  # in log lines: the words, as any text is shown
+        return repr(str(self))
 
 
 def confidence_of(text: str) -> float:
