@@ -59,6 +59,11 @@ class BargeInGate(Protocol):
         """Over the last ``window`` ticks, more came back than our echo explains."""
         ...
 
+    def caller_now(self) -> bool:
+        """The last tick alone held more than our echo explains (a word too short for a
+        barge-in, said over the reply's last moment)."""
+        ...
+
     def forget_recent(self) -> None:
         """The caller barged in: what was heard lately is not our echo."""
         ...
@@ -167,6 +172,9 @@ class EchoGate:
         mic, left = sum(self._mic), sum(self._left)
         return sum(self._est) > 0.5 * mic and mic < 4.0 * left
 
+    def caller_now(self) -> bool:
+        return self._above[-1]
+
     def caller_louder(self) -> bool:
         if 2 * sum(self._above) < self.window:
             return False
@@ -201,6 +209,10 @@ class LoudnessGate:
 
     def forget_recent(self) -> None:
         pass
+
+    def caller_now(self) -> bool:
+        loudest = max(self._ours)
+        return self._heard[-1] > loudest * self._factor
 
     def caller_louder(self) -> bool:
         heard = list(self._heard)

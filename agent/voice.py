@@ -75,6 +75,9 @@ MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a
 # 1.5 s of dead air a caller who had finished may wait (no filler plays meanwhile).
 MISS_HOLD_TICKS = 60
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
+WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not an end
+PREROLL_TICKS = 10  # audio kept before the first speech frame (VAD onsets are late)
+OVER_ECHO_TICKS = 3  # speech ticks above our echo that make words over a reply's end
 UNHEARD_BACKCHANNEL_MS = 500  # speech since a hold the ASR made nothing of: a hum up to this
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
@@ -239,6 +242,7 @@ class VoiceAgent(Agent):
             else LoudnessGate(run, margin_db=margin)
         )
         self._preroll: deque[tuple[NDArray[np.int16], bool]] = deque(maxlen=preroll)
+        self._over_us: deque[bool] = deque(maxlen=preroll)  # per preroll tick
 
     # -- Agent interface -------------------------------------------------------------------
 
@@ -296,6 +300,8 @@ class VoiceAgent(Agent):
         pcm16 = self._up.process(pcm)
         if self._busy:
             self._preroll.append((pcm16, self._user_speaking))
+            # the caller's speech beat our echo (for words said over the reply's very end)
+            self._over_us.append(self._user_speaking and self.gate.caller_now())
             if not self._should_barge_in():
                 return
             self._caller_talks_over()
@@ -305,6 +311,7 @@ class VoiceAgent(Agent):
                 if self._held is not None:
                     self._held.audio.append(old)
             self._preroll.clear()
+            self._over_us.clear()
             return
         self._stt.push(pcm16, self._user_speaking)
         self._eot.push(pcm16, self._user_speaking)
@@ -693,6 +700,28 @@ class VoiceAgent(Agent):
                 self._busy = False
                 self._voice_from = None
                 self._speech_ticks = self._run  # our own echo is not the caller's turn
+                self._keep_words_over_the_end()
+
+    def _keep_words_over_the_end(self) -> None:
+        """The reply ended as the caller began ("Yes, go ahead" over "... say yes or no"):
+        too soon for a barge-in, their first words were heard only into the preroll. If
+        they are still talking, or paused as between words, those words open the turn, as
+        after a barge-in; otherwise (a cough over our last word) they are dropped."""
+        frames = list(self._preroll)
+        self._preroll.clear()
+        over = sum(self._over_us) >= OVER_ECHO_TICKS
+        self._over_us.clear()
+        spoken = [i for i, (_, speaking) in enumerate(frames) if speaking]
+        if not spoken or not over:  # nothing, or only what our own echo explains
+            return
+        pause = len(frames) - 1 - spoken[-1]
+        if not self._user_speaking and pause > WORD_GAP_TICKS:
+            return
+        for pcm16, speaking in frames[max(0, spoken[0] - PREROLL_TICKS) :]:
+            self._stt.push(pcm16, speaking)
+            self._eot.push(pcm16, speaking)
+        self._speech_ticks = max(self._speech_ticks, len(spoken))
+        self._quiet = 0 if self._user_speaking else pause
 
     async def _say(
         self,

@@ -457,6 +457,53 @@ async def test_speech_shorter_than_barge_in_ms_does_not_interrupt() -> None:
 
 
 @aio
+async def test_words_begun_over_the_replys_last_moment_open_the_turn() -> None:
+    """ "Yes, go ahead" said as "... please say yes or no" ends: too short over the reply
+    for a barge-in, yet the turn holds every word from the first, not "go ahead" alone."""
+    async with Call(greeted=False) as c:
+        while c.agent.playout.queued > 5 * FRAME:  # the greeting's last 100 ms
+            await c.tick()
+        c.vad(True, True)
+        await c.tick(8, 2 * OUR_RMS)  # 5 ticks over the reply, 3 after it ended
+        assert c.out.flushes == [] and c.agent.barge_ins == 0 and not c.agent.playout.playing
+        spoken = [s for _, s in c.models.stt.pushed if s]
+        assert len(spoken) == 8, len(spoken)  # the words over the reply's end came along
+        c.models.asr_texts.append("yes go ahead")
+        c.vad(False, False)
+        await c.tick(2)
+        c.models.eot.fire = "model"
+        await c.tick()
+        await c.until(lambda: bool(c.agent.turns) and c.agent.turns[-1].asr_done > 0)
+        assert c.agent.turns[-1].text == "yes go ahead"
+        assert sum(s for _, s in c.models.stt.utterances[-1]) == 8  # its every word
+
+
+@aio
+async def test_a_cough_over_the_replys_end_is_no_turn() -> None:
+    """A sound over our last word, then quiet: as if made just after the reply (shorter
+    than min_speech_ms: no turn, nothing said); one that ended over 300 ms before the
+    reply did is dropped."""
+    async with Call(greeted=False) as c:
+        while c.agent.playout.queued > 5 * FRAME:
+            await c.tick()
+        c.vad(True, True)
+        await c.tick(3, 2 * OUR_RMS)
+        c.vad(False, False)
+        writes = len(c.out.writes)
+        await c.tick(60)
+        assert not c.agent.playout.playing and c.agent.turns == []
+        assert len(c.out.writes) == writes and c.models.spoken == [" ".join(GREETING)]
+    async with Call(greeted=False) as early:
+        while early.agent.playout.queued > 24 * FRAME:
+            await early.tick()
+        early.vad(True, True)
+        await early.tick(4, 2 * OUR_RMS)
+        early.vad(False, False)
+        await early.tick(30)  # the reply ends 20 ticks (400 ms) after the cough
+        assert not any(s for _, s in early.models.stt.pushed)
+
+
+@aio
 async def test_barge_in_disabled_in_the_profile_never_flushes(tmp_path: Path) -> None:
     text = DEMO.read_text()
     assert "[barge_in]\nenabled = true" in text
