@@ -33,6 +33,7 @@ _START, _EOS = 1, 2
 _TOKENS_PER_S = 6.5  # Moonshine's own cap; fast English speech is ~4-5 tokens/s
 _MIN_S = 0.1  # shorter audio is below what the encoder's convolutions accept
 _MAX_S = 64.0  # the model's trained limit (rotary positions)
+_WORDS_EXPECTED_S = 0.5  # a segment with this much speech (by the VAD) holds words
 _SILENCE_RMS = 10.0 ** (-60 / 20)  # -60 dBFS: nothing to transcribe (no hallucinated words)
 _BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
@@ -133,9 +134,17 @@ class MoonshineAsr:
         """Greedy decode; the token ids without start and end tokens."""
         return self.decode(pcm)[0]
 
-    def decode(self, pcm: NDArray[np.int16] | NDArray[np.float32]) -> tuple[list[int], float]:
+    def decode(
+        self, pcm: NDArray[np.int16] | NDArray[np.float32], *, words_expected: bool = False
+    ) -> tuple[list[int], float]:
         """Greedy decode: the token ids (without start and end tokens), and the softmax
-        probability of the least certain word token chosen (1.0 when nothing was said)."""
+        probability of the least certain word token chosen (1.0 when nothing was said).
+
+        ``words_expected``: the clip holds speech for sure (half a second and more of it,
+        by the VAD); the end of text may not come first. Moonshine sometimes ends at once
+        on a clear short sentence (6 of 48 espeak phrases over G.711 here: "Bob Jones.",
+        "Tomorrow at ten."), leaving the caller unanswered; barred, its next choice is
+        mostly the words (and its low probability marks the doubt)."""
         x = _to_float(pcm)
         if x.size < _MIN_S * self.sample_rate:
             return [], 1.0
@@ -157,7 +166,10 @@ class MoonshineAsr:
             }
             logits, *present = self.decoder.run(None, feeds)
             last = logits[0, -1].astype(np.float64)
-            token = int(np.argmax(last))
+            if step == 0 and words_expected:
+                token = int(np.argmax(np.where(np.arange(last.size) == _EOS, -np.inf, last)))
+            else:
+                token = int(np.argmax(last))
             if token == _EOS:
                 break
             out.append(token)
@@ -171,10 +183,13 @@ class MoonshineAsr:
             )
         return out, least
 
-    def transcribe(self, pcm: NDArray[np.int16] | NDArray[np.float32]) -> Transcript:
+    def transcribe(
+        self, pcm: NDArray[np.int16] | NDArray[np.float32], *, words_expected: bool = False
+    ) -> Transcript:
         """Text of a whole utterance ("" for silence or under 0.1 s of audio), with how
-        sure the decoder was of its least certain token."""
-        ids, least = self.decode(pcm)
+        sure the decoder was of its least certain token (``words_expected``: see
+        :meth:`decode`)."""
+        ids, least = self.decode(pcm, words_expected=words_expected)
         return Transcript(self.tokenizer.decode(ids).strip(), least)
 
 
@@ -212,6 +227,9 @@ class IncrementalTranscriber:
         self._quiet = 0  # samples of non-speech since the last speech
         self._done: list[concurrent.futures.Future[str]] = []
         self._early_job: concurrent.futures.Future[str] | None = None  # open segment's
+        self._said: list[NDArray[np.int16]] = []  # the closed segments' audio, in order
+        self._speech = 0  # samples the VAD called speech in the open segment
+        self._sure = round(_WORDS_EXPECTED_S * rate)
 
     def push(self, pcm16k: NDArray[np.int16], speech: bool) -> None:
         """Add 16 kHz audio and the VAD's verdict for it; never waits for inference."""
@@ -221,6 +239,7 @@ class IncrementalTranscriber:
             self._size += pcm.size
             if speech:
                 self._voiced, self._quiet = True, 0
+                self._speech += pcm.size
                 if self._early_job is not None:  # the caller went on: that guess is stale
                     self._early_job.cancel()
                     self._early_job = None
@@ -232,7 +251,7 @@ class IncrementalTranscriber:
                 self._close()
             elif self._voiced and self._quiet >= self._early and self._early_job is None:
                 audio = np.concatenate(self._chunks)
-                self._early_job = self.executor.submit(self.asr.transcribe, audio)
+                self._early_job = self._submit(audio)
 
     @property
     def open_seconds(self) -> float:
@@ -245,6 +264,7 @@ class IncrementalTranscriber:
             if self._voiced:
                 self._close()
             futures, self._done = self._done, []
+            self._said = []
             self._clear()
         return _joined(futures)
 
@@ -257,13 +277,21 @@ class IncrementalTranscriber:
                 futures.append(self._early_job)  # only non-speech came after it
             elif self._voiced:
                 audio = np.concatenate(self._chunks)
-                futures.append(self.executor.submit(self.asr.transcribe, audio))
+                futures.append(self._submit(audio))
         return _joined(futures)
+
+    def utterance_audio(self) -> NDArray[np.int16]:
+        """The utterance so far as one clip (its segments and the open one, as they are
+        transcribed): a turn whose halves were heard apart is heard again whole."""
+        with self._lock:
+            parts = [*self._said, *(self._chunks if self._voiced else [])]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int16)
 
     def forget(self) -> None:
         """Start a new utterance without cancelling anything: a snapshot took it over."""
         with self._lock:
             self._done = []
+            self._said = []
             self._clear()
 
     def reset(self) -> None:
@@ -274,6 +302,7 @@ class IncrementalTranscriber:
             if self._early_job is not None:
                 self._early_job.cancel()
             self._done = []
+            self._said = []
             self._clear()
 
     def close(self) -> None:
@@ -282,17 +311,24 @@ class IncrementalTranscriber:
             self.executor.shutdown(wait=False, cancel_futures=True)
 
     def _close(self) -> None:
+        audio = np.concatenate(self._chunks)
         if self._early_job is not None:  # only non-speech came after it: it has every word
             self._done.append(self._early_job)
         else:
-            audio = np.concatenate(self._chunks)
             # trailing non-speech beyond the pause adds decode work and nothing else
-            keep = audio.size - max(0, self._quiet - self._pause)
-            self._done.append(self.executor.submit(self.asr.transcribe, audio[:keep]))
+            audio = audio[: audio.size - max(0, self._quiet - self._pause)]
+            self._done.append(self._submit(audio))
+        self._said.append(audio)
         self._clear()
+
+    def _submit(self, audio: NDArray[np.int16]) -> concurrent.futures.Future[str]:
+        """Transcribe the open segment's ``audio`` in the executor."""
+        sure = self._speech >= self._sure  # half a second of speech holds words
+        return self.executor.submit(self.asr.transcribe, audio, words_expected=sure)
 
     def _clear(self) -> None:
         self._chunks, self._size, self._voiced, self._quiet = [], 0, False, 0
+        self._speech = 0
         self._early_job = None
 
     def _trim_preroll(self) -> None:

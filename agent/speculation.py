@@ -48,8 +48,10 @@ class Speculation:
         executor: Executor,
         *,
         first_words: int,
+        audio: list[NDArray[np.int16]] | None = None,
     ) -> None:
         self.texts = texts  # the turn's ASR, piece by piece (carried ones first)
+        self.audio = audio or []  # the turn's audio, piece by piece (16 kHz), if known
         self.engine = engine  # a fork: adopted on commit
         self.text = ""
         self.head: list[ReplyPart] = []  # reply parts up to and including the first Say

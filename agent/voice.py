@@ -225,6 +225,7 @@ class VoiceAgent(Agent):
         self._closed = False
         # ASR of words the caller went on from (a pause that was not the end of the turn)
         self._carry: list[Future[str]] = []
+        self._carry_audio: list[NDArray[np.int16]] = []  # the same words' audio (16 kHz)
         self._spec: Speculation | None = None  # a reply being prepared during a pause
         self._undo: _Undo | None = None  # the turn being answered, while it can merge
         self._held: _Held | None = None  # a reply held for a possible backchannel
@@ -452,6 +453,7 @@ class VoiceAgent(Agent):
         # its words (transcribed or not yet) go first in the turn that goes on (and keep
         # their mark if they answered a sensitive slot)
         self._carry = [*undo.spec.abort(), *self._carry]
+        self._carry_audio = [*undo.spec.audio, *self._carry_audio]
         self._sensitive_heard = self._sensitive_heard or undo.timing.sensitive
         said = sensitive_text(undo.spec.text) if undo.timing.sensitive else undo.spec.text
         log.info("caller went on after a pause: %r opens the turn", said)
@@ -567,21 +569,35 @@ class VoiceAgent(Agent):
     def _speculate(self) -> None:
         """A short pause: start answering now, adopt it if the turn really ended."""
         if self.settings.speculate and self.engine is not None:
-            self._spec = self._prepare(self._stt.snapshot())  # the utterance goes on meanwhile
+            # the utterance goes on meanwhile
+            self._spec = self._prepare(self._stt.snapshot(), self._stt.utterance_audio())
 
-    def _prepare(self, text: Future[str]) -> Speculation:
-        """Answer the turn whose last words ``text`` will give (after any carried ones), on
-        a fork of the engine."""
+    def _prepare(self, text: Future[str], audio: NDArray[np.int16]) -> Speculation:
+        """Answer the turn whose last words ``text`` (heard in ``audio``) will give, after
+        any carried ones, on a fork of the engine. Words carried from a pause that was not
+        the end are heard again with these, as one clip: halves transcribed apart lose
+        words ("Yes," + "go ahead" heard as "Yeah." + "Left hand.")."""
         assert self.engine is not None  # start() made it
         texts, self._carry = [*self._carry, text], []
+        clips, self._carry_audio = [*self._carry_audio, audio], []
+        if len(clips) > 1 and all(c.size for c in clips):
+            whole = np.concatenate(clips)
+            texts = [
+                self.guard.executor("asr").submit(
+                    self.models.asr.transcribe, whole, words_expected=True
+                )
+            ]
         tts = self.guard.executor("tts")
-        return Speculation(texts, self.engine.fork(), self.models, tts, first_words=FIRST_WORDS)
+        return Speculation(
+            texts, self.engine.fork(), self.models, tts, first_words=FIRST_WORDS, audio=clips
+        )
 
     def _drop_speculation(self) -> None:
         """The caller went on: the utterance, still open in the transcriber, goes on too
         (what the speculation carried from an earlier turn goes back to wait)."""
         if self._spec is not None:
             self._carry = [*self._spec.abort()[:-1], *self._carry]
+            self._carry_audio = [*self._spec.audio[:-1], *self._carry_audio]
             self._spec = None
 
     def _end_turn(self, reason: str, now: float) -> None:
@@ -598,7 +614,8 @@ class VoiceAgent(Agent):
         self._eot.reset()
         spec, self._spec = self._spec, None
         if spec is None:
-            spec = self._prepare(self._stt.finish())
+            audio = self._stt.utterance_audio()
+            spec = self._prepare(self._stt.finish(), audio)
         else:
             timing.speculative = True
             self._stt.forget()  # its snapshot has the whole utterance
@@ -640,6 +657,7 @@ class VoiceAgent(Agent):
         turn (unless the merge that stopped us carried them), and so does their mark."""
         if not spec.aborted:
             self._carry = spec.abort()
+            self._carry_audio = list(spec.audio)
         self._sensitive_heard = self._sensitive_heard or timing.sensitive
 
     async def _caller_quiet(self, gen: int, ticks: int) -> None:

@@ -171,6 +171,60 @@ def test_the_transcript_carries_the_least_sure_words_probability(asr: MoonshineA
     assert not any(tok.has_word(i) for i in (vocab["."], vocab["▁"], 1, 2, 32000))
 
 
+def test_a_clip_that_holds_speech_is_not_ended_before_its_first_word(asr: MoonshineAsr) -> None:
+    """Scripted logits: the end of text first (logit 5), "Bob" a close second (4). As
+    decoded, nothing; with ``words_expected`` (the VAD heard half a second of speech),
+    the end may not come first: "Bob", whose probability then marks the doubt."""
+    path = _model_file("moonshine-base-en", "tokenizer.json")
+    vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
+
+    class EndsAtOnce:
+        def __init__(self, real: object) -> None:
+            self.real, self.step = real, 0
+
+        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
+            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
+            out[0] = np.zeros_like(out[0])
+            if self.step == 0:
+                out[0][..., 2], out[0][..., vocab["▁Bob"]] = 5.0, 4.0  # 2: end of text
+            else:
+                out[0][..., 2] = 10.0
+            self.step += 1
+            return out
+
+    clip = _beckett()[RATE : 2 * RATE]
+    quick = MoonshineAsr.__new__(MoonshineAsr)
+    quick.__dict__.update(asr.__dict__)
+    quick.decoder = EndsAtOnce(asr.decoder)
+    assert quick.transcribe(clip) == ""
+    quick.decoder = EndsAtOnce(asr.decoder)
+    heard = quick.transcribe(clip, words_expected=True)
+    assert heard == "Bob" and heard.confidence < 0.5
+
+
+def test_the_transcriber_expects_words_of_half_a_second_of_speech() -> None:
+    """Segments with 0.5 s or more of VAD speech are decoded with words expected; a
+    shorter one (a cough, "mm") may come out empty."""
+    calls: list[bool] = []
+
+    class Recording:
+        sample_rate = RATE
+
+        def transcribe(self, pcm: NDArray[np.int16], *, words_expected: bool = False) -> str:
+            calls.append(words_expected)
+            return "x"
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        t = IncrementalTranscriber(Recording(), pool)  # type: ignore[arg-type]
+        frame = np.full(FRAME, 1000, np.int16)
+        for speech in [True] * 10 + [False] * 20:  # 200 ms of speech: a short sound
+            t.push(frame, speech)
+        for speech in [True] * 30 + [False] * 20:  # 600 ms: words
+            t.push(frame, speech)
+        assert t.finish().result(5) == "x x"
+    assert calls[-2:] == [False, True], calls
+
+
 def test_tokenizer_spaces_bytes_and_specials() -> None:
     path = _model_file("moonshine-base-en", "tokenizer.json")
     tok = Tokenizer(path)

@@ -303,7 +303,7 @@ class BrokenAsr:
         self.sample_rate = real.sample_rate
         self.calls = 0
 
-    def transcribe(self, pcm: Any) -> str:
+    def transcribe(self, pcm: Any, **_: object) -> str:
         self.calls += 1
         raise RuntimeError("injected ASR failure")
 

@@ -92,7 +92,8 @@ class FakeModels:
     def __init__(self) -> None:
         self.tts = SimpleNamespace(sample_rate=TTS_RATE, synthesize=self.synthesize)
         # a whole clip's text (what a held reply's probe asks): the next canned text
-        self.asr = SimpleNamespace(transcribe=lambda pcm: self.asr_texts.popleft())
+        self.asr = SimpleNamespace(transcribe=self._transcribe)
+        self.clips: list[int] = []  # samples of each clip transcribed whole
         self.executor = ThreadPoolExecutor(1)
         self.asr_texts: deque[str] = deque()
         self.finish_futures: deque[Future[str]] = deque()
@@ -107,6 +108,10 @@ class FakeModels:
         self.event: tuple[int | None, bool] | None = None  # (onset_lag, confirmed), once
         self.stt, self.eot = FakeEar(self), FakeEar(self)
         self.errors = 0  # VAD windows that failed (VadGate.errors)
+
+    def _transcribe(self, pcm: NDArray[np.int16], **_: object) -> str:
+        self.clips.append(pcm.size)
+        return self.asr_texts.popleft()
 
     def vad_stream(self, on_vad: Callable[[bool, int | None, bool | None], None]) -> FakeModels:
         self.on_vad = on_vad
@@ -185,6 +190,10 @@ class FakeEar:
     def forget(self) -> None:
         self.utterances.append(self.pushed)
         self.pushed = []
+
+    def utterance_audio(self) -> NDArray[np.int16]:
+        """What was pushed since the last reset (the transcriber's audio of the turn)."""
+        return np.concatenate([np.zeros(0, np.int16)] + [p for p, _ in self.pushed])
 
     def decide(self) -> SimpleNamespace | None:
         return SimpleNamespace(reason=self.fire) if self.fire else None
@@ -307,12 +316,17 @@ class Call:
             await self.tick()
         raise AssertionError("the reply never finished playing")
 
-    async def turn(self, text: str, *, wait_tts: bool = True, quiet: int = 0) -> int:
+    async def turn(
+        self, text: str, *, wait_tts: bool = True, quiet: int = 0, whole: str = ""
+    ) -> int:
         """The caller speaks 8 ticks, falls silent, the end-of-turn model agrees and the ASR
         says ``text``, then ``quiet`` more silent ticks (a reply to words not understood
         waits for MISS_HOLD_TICKS of them); returns the index in writes where the reply
-        starts."""
+        starts. ``whole``: what the ASR makes of the turn heard again as one clip (a turn
+        that goes on from words carried over a pause)."""
         self.models.asr_texts.append(text)
+        if whole:
+            self.models.asr_texts.append(whole)
         self.vad(True, True)
         await self.tick(8, 2000)
         self.vad(False, False)
@@ -636,17 +650,19 @@ async def test_caller_going_on_within_a_second_of_the_reply_is_one_turn() -> Non
         await c.tick(BARGE_TICKS, OUR_RMS)
         assert len(c.out.flushes) == 1 and c.agent.merges == 1 and c.agent.barge_ins == 0
         assert c.agent.turns == [] and _turns_reported(c) == []
-        await c.turn("my order, please")
+        await c.turn("my order, please", whole="I'd like to ask about my order, please")
         assert c.models.spoken[-1] == ORDER_PROMPT
         await c.drain()
         (turn,) = _turns_reported(c)
-        assert turn.caller_text == "I would like to ask about my order, please"
+        # heard again as one clip: both halves' audio (8 ticks each at 16 kHz, and more)
+        assert turn.caller_text == "I'd like to ask about my order, please"
+        assert c.models.clips[-1] >= 2 * 8 * 320, c.models.clips
         assert turn.agent_text == ORDER_PROMPT and not turn.barged_in
         assert len(c.agent.turns) == 1
         # the dialogue never saw the first half on its own: no miss, no apology
         assert c.transcript == [
             ("agent", " ".join(GREETING)),
-            ("caller", "I would like to ask about my order, please"),
+            ("caller", "I'd like to ask about my order, please"),
             ("agent", ORDER_PROMPT),
         ]
 
@@ -663,7 +679,7 @@ async def test_a_reply_to_words_not_understood_waits_for_a_longer_pause() -> Non
         c.vad(True, True)  # the caller goes on
         await c.tick(BARGE_TICKS, 2000)
         assert c.agent.merges == 1 and c.agent.barge_ins == 0 and len(c.out.writes) == n
-        await c.turn("my order, please")
+        await c.turn("my order, please", whole="I would like to ask about my order, please")
         assert c.models.spoken[-1] == ORDER_PROMPT
         await c.drain()
         (turn,) = _turns_reported(c)
