@@ -78,6 +78,7 @@ BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no bac
 WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not an end
 PREROLL_TICKS = 10  # audio kept before the first speech frame (VAD onsets are late)
 OVER_ECHO_TICKS = 3  # speech ticks above our echo that make words over a reply's end
+UNHEARD_CARRY_TICKS = 100  # a turn the ASR made nothing of opens one begun within 2 s
 UNHEARD_BACKCHANNEL_MS = 500  # speech since a hold the ASR made nothing of: a hum up to this
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
@@ -226,6 +227,7 @@ class VoiceAgent(Agent):
         # ASR of words the caller went on from (a pause that was not the end of the turn)
         self._carry: list[Future[str]] = []
         self._carry_audio: list[NDArray[np.int16]] = []  # the same words' audio (16 kHz)
+        self._carry_until: int | None = None  # words not made out are carried until then
         self._spec: Speculation | None = None  # a reply being prepared during a pause
         self._undo: _Undo | None = None  # the turn being answered, while it can merge
         self._held: _Held | None = None  # a reply held for a possible backchannel
@@ -454,6 +456,7 @@ class VoiceAgent(Agent):
         # their mark if they answered a sensitive slot)
         self._carry = [*undo.spec.abort(), *self._carry]
         self._carry_audio = [*undo.spec.audio, *self._carry_audio]
+        self._carry_until = None
         self._sensitive_heard = self._sensitive_heard or undo.timing.sensitive
         said = sensitive_text(undo.spec.text) if undo.timing.sensitive else undo.spec.text
         log.info("caller went on after a pause: %r opens the turn", said)
@@ -578,6 +581,9 @@ class VoiceAgent(Agent):
         the end are heard again with these, as one clip: halves transcribed apart lose
         words ("Yes," + "go ahead" heard as "Yeah." + "Left hand.")."""
         assert self.engine is not None  # start() made it
+        if self._carry_until is not None and self._tick > self._carry_until:
+            self._carry_audio = []  # a sound long before, not the start of these words
+        self._carry_until = None
         texts, self._carry = [*self._carry, text], []
         clips, self._carry_audio = [*self._carry_audio, audio], []
         if len(clips) > 1 and all(c.size for c in clips):
@@ -635,6 +641,10 @@ class VoiceAgent(Agent):
                 return
             if not spec.heard.is_set() or not spec.text:
                 self._busy = False
+                if spec.heard.is_set():  # nothing made out ("Yes," alone, too short for the
+                    # ASR): it may open what they go on to say, heard whole with it
+                    self._carry_audio = list(spec.audio)
+                    self._carry_until = self._tick + UNHEARD_CARRY_TICKS
                 return
             if not spec.task.done():  # a prepared reply goes out without a loop turn
                 await asyncio.shield(spec.task)
@@ -658,6 +668,7 @@ class VoiceAgent(Agent):
         if not spec.aborted:
             self._carry = spec.abort()
             self._carry_audio = list(spec.audio)
+            self._carry_until = None
         self._sensitive_heard = self._sensitive_heard or timing.sensitive
 
     async def _caller_quiet(self, gen: int, ticks: int) -> None:

@@ -587,12 +587,32 @@ async def test_an_empty_transcript_gets_no_reply_then_goodbye_hangs_up_after_the
         await c.tick(20)
         assert c.agent.turns[-1].text == "" and len(c.models.spoken) == 1
         assert len(c.out.writes) == n and not c.agent._busy
-        await c.turn("no thanks goodbye")  # it listens again
+        await c.turn("no thanks goodbye", whole="no thanks goodbye")  # heard with the sound
         assert c.models.spoken[-1] == BYE
         written_at = c.out.tick
         await c.drain()
         assert c.out.of("hangup") == [(written_at + _ticks(split_sentences(BYE)), "intent")]
         assert [w for w, _ in c.transcript] == ["agent", "caller", "agent"]
+
+
+@aio
+async def test_words_not_made_out_open_the_turn_the_caller_goes_on_with() -> None:
+    """ "Yes," alone is too short for the ASR (nothing made out: no reply), and "go
+    ahead" follows: the turn is both, heard again as one clip. Two seconds later, a
+    sound not made out is not glued to the next words."""
+    async with Call() as c:
+        await c.turn("")
+        assert c.agent.turns[-1].text == "" and len(c.models.spoken) == 1
+        await c.tick(10)
+        await c.turn("go ahead", whole="yes go ahead", wait_tts=False)
+        assert c.agent.turns[-1].text == "yes go ahead"
+        assert c.models.clips[-1] >= 2 * 8 * 320, c.models.clips
+        await c.drain()
+        clips = len(c.models.clips)
+        await c.turn("")
+        await c.tick(120)  # over 2 s: the next words stand alone
+        await c.turn("go ahead", wait_tts=False)
+        assert c.agent.turns[-1].text == "go ahead" and len(c.models.clips) == clips
 
 
 def _wait(cond: Callable[[], bool]) -> bool:
