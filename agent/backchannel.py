@@ -3,7 +3,7 @@
 They are not a turn and must not stop the reply for good. The voice agent stops (fades)
 as for any barge-in, since a backchannel and the first word of a real interruption sound
 alike for the first 250 ms; when the caller falls silent it transcribes what they said,
-and if that was only backchannels (or nothing it could make out, for up to half a second:
+and if that was only backchannels (or nothing it could make out, for up to 0.8 s:
 agent.voice decides that), it goes on from the word it stopped at. This module is the
 test on the words (pure: no I/O).
 """

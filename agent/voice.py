@@ -79,7 +79,7 @@ WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not 
 PREROLL_TICKS = 10  # audio kept before the first speech frame (VAD onsets are late)
 OVER_ECHO_TICKS = 3  # speech ticks above our echo that make words over a reply's end
 UNHEARD_CARRY_TICKS = 100  # a turn the ASR made nothing of opens one begun within 2 s
-UNHEARD_BACKCHANNEL_MS = 500  # speech since a hold the ASR made nothing of: a hum up to this
+UNHEARD_BACKCHANNEL_MS = 800  # speech since a hold the ASR made nothing of: a hum up to this
 ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
 

@@ -811,21 +811,29 @@ async def test_a_caller_who_talks_before_the_greeting_is_heard_takes_the_floor()
         assert c.transcript[0] == ("caller", "when are you open")
 
 
+@pytest.mark.parametrize(("held_ticks", "words"), [(30, False), (45, True)])
 @aio
-async def test_a_long_utterance_the_asr_made_nothing_of_is_no_backchannel() -> None:
-    """Nothing made out counts as a hum only while short: over half a second of speech
-    the ASR missed was words (a quiet caller), so the held reply is dropped for their turn."""
+async def test_a_long_utterance_the_asr_made_nothing_of_is_no_backchannel(
+    held_ticks: int, words: bool
+) -> None:
+    """Nothing made out counts as a hum only while short: 600 ms after the hold is an
+    "uh-huh" (the reply goes on), 900 ms is words the ASR missed (a quiet caller): the held
+    reply is dropped for their turn."""
     async with Call(greeted=False) as c:
         await c.tick(30)  # into the second sentence
         c.models.asr_texts.extend(["", ""])  # the probe; a speculation once it is a turn
         c.vad(True, True)
         await c.tick(BARGE_TICKS, OUR_RMS)
-        await c.tick(30, OUR_RMS)  # 600 ms more, held
+        await c.tick(held_ticks, OUR_RMS)  # held meanwhile
         writes = len(c.out.writes)
         c.vad(False, False)
         await c.tick(4)
-        await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
-        assert c.agent.backchannels == 0 and len(c.out.writes) == writes  # nothing resumed
+        if words:
+            await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
+            assert c.agent.backchannels == 0 and len(c.out.writes) == writes  # nothing resumed
+        else:
+            await c.until(lambda: c.agent.backchannels == 1, "the backchannel")
+            assert c.agent.barge_ins == 0 and len(c.out.writes) > writes  # it went on
 
 
 @aio
