@@ -36,6 +36,7 @@ __all__ = [
     "FRAME_S",
     "RINGBACK_OFF_S",
     "SPEECH_DBFS",
+    "STOP_SILENCE_S",
     "Gap",
     "HeardAudio",
     "Reaction",

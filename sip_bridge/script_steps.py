@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass
 
 from sip_bridge.heard_audio import (
+    STOP_SILENCE_S,
     HeardAudio,
     Span,
     barge_in_reaction,
@@ -64,6 +65,7 @@ from sip_bridge.script_file import (
 
 __all__ = ["ScriptPlayer"]
 
+HOLD_PAUSE_S = 1.0  # barge_in = false: a silence this long is a stop (a hold is shorter)
 _TRANSCRIPT_GRACE_S = 10.0  # after a timeout, how long the last transcripts may take
 
 
@@ -310,7 +312,10 @@ class ScriptPlayer:
         onset, end = (t.start, t.done) if isinstance(step, Dtmf) else (t.onset, t.end)
         if onset is None or end is None:
             return False, "nothing audible was sent"
-        r = barge_in_reaction(self.heard, onset, end, now)
+        # must not stop: a backchannel's hold (the reply fades while the caller says
+        # "uh-huh", and goes on at their pause: 0.4-0.7 s) is a pause, not a stop
+        silence = STOP_SILENCE_S if step.barge_in else HOLD_PAUSE_S
+        r = barge_in_reaction(self.heard, onset, end, now, stop_silence_s=silence)
         if r is None:
             return None
         if not r.talking:

@@ -215,6 +215,16 @@ def test_a_backchannel_must_not_stop_the_agent(tmp_path: Path) -> None:
     sim = Sim(text, Call([(0.2, 2.3, "a long answer")], say_s=0.4), tmp_path)
     sim.run()
     assert sim.statuses() == ["PASS", "FAIL"] and "stopped after" in sim.detail(2)
+    # a backchannel's hold: the answer pauses 0.7 s and goes on (a pause, not a stop);
+    # 1.2 s of silence is a stop
+    held = [(0.2, 2.25, "a long answer"), (2.95, 8.0, "the rest of it")]
+    sim = Sim(text, Call(held, say_s=0.4), tmp_path)
+    sim.run()
+    assert sim.statuses() == ["PASS", "PASS"] and sim.detail(2) == "the agent kept talking"
+    gone = [(0.2, 2.25, "a long answer"), (3.45, 8.0, "the rest of it")]
+    sim = Sim(text, Call(gone, say_s=0.4), tmp_path)
+    sim.run()
+    assert sim.statuses() == ["PASS", "FAIL"] and "stopped after" in sim.detail(2)
 
 
 def test_barge_in_needs_the_agent_talking(tmp_path: Path) -> None:
