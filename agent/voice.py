@@ -244,8 +244,8 @@ class VoiceAgent(Agent):
             if self.settings.echo_canceller
             else LoudnessGate(run, margin_db=margin)
         )
-        self._preroll: deque[tuple[NDArray[np.int16], bool]] = deque(maxlen=preroll)
-        self._over_us: deque[bool] = deque(maxlen=preroll)  # per preroll tick
+        # (16 kHz audio, the VAD's speech, that tick beat our echo) per tick while we talk
+        self._preroll: deque[tuple[NDArray[np.int16], bool, bool]] = deque(maxlen=preroll)
 
     # -- Agent interface -------------------------------------------------------------------
 
@@ -302,19 +302,18 @@ class VoiceAgent(Agent):
             self._run = 0
         pcm16 = self._up.process(pcm)
         if self._busy:
-            self._preroll.append((pcm16, self._user_speaking))
             # the caller's speech beat our echo (for words said over the reply's very end)
-            self._over_us.append(self._user_speaking and self.gate.caller_now())
+            over = self._user_speaking and self.gate.caller_now()
+            self._preroll.append((pcm16, self._user_speaking, over))
             if not self._should_barge_in():
                 return
             self._caller_talks_over()
-            for old, speaking in self._preroll:  # the caller's first words belong to the turn
+            for old, speaking, _ in self._preroll:  # the caller's first words belong to the turn
                 self._stt.push(old, speaking)
                 self._eot.push(old, speaking)
                 if self._held is not None:
                     self._held.audio.append(old)
             self._preroll.clear()
-            self._over_us.clear()
             return
         self._stt.push(pcm16, self._user_speaking)
         self._eot.push(pcm16, self._user_speaking)
@@ -738,15 +737,14 @@ class VoiceAgent(Agent):
         after a barge-in; otherwise (a cough over our last word) they are dropped."""
         frames = list(self._preroll)
         self._preroll.clear()
-        over = sum(self._over_us) >= OVER_ECHO_TICKS
-        self._over_us.clear()
-        spoken = [i for i, (_, speaking) in enumerate(frames) if speaking]
+        over = sum(o for _, _, o in frames) >= OVER_ECHO_TICKS
+        spoken = [i for i, (_, speaking, _) in enumerate(frames) if speaking]
         if not spoken or not over:  # nothing, or only what our own echo explains
             return
         pause = len(frames) - 1 - spoken[-1]
         if not self._user_speaking and pause > WORD_GAP_TICKS:
             return
-        for pcm16, speaking in frames[max(0, spoken[0] - PREROLL_TICKS) :]:
+        for pcm16, speaking, _ in frames[max(0, spoken[0] - PREROLL_TICKS) :]:
             self._stt.push(pcm16, speaking)
             self._eot.push(pcm16, speaking)
         self._speech_ticks = max(self._speech_ticks, len(spoken))
