@@ -110,9 +110,14 @@ class AgentOutput(abc.ABC):
         fade (test captures) need not implement it: they cut (:meth:`flush`)."""
         return self.flush()
 
+    def queued_ms(self) -> float:
+        """Audio written but not yet sent. Concrete so that outputs which send at once (test
+        captures) need not implement it: they have nothing queued."""
+        return 0.0
+
     @abc.abstractmethod
     def hangup(self, reason: str = "") -> None:
-        """Ask the bridge to end the call (it sends the BYE)."""
+        """Ask the bridge to end the call (it sends the BYE; what is still queued is cut)."""
 
     @abc.abstractmethod
     def emit(self, event: AgentEvent) -> None:

@@ -3,11 +3,12 @@
 Why a separate agent: the failed agent cannot be trusted to speak (its TTS may be what
 broke), so the bridge stops it and puts this one in its place on the call, at the same
 sample rate (the call's resamplers stay as they are). It plays the prompt one frame per
-frame heard, like the playback agent, so little is queued; ``tail_s`` after its last
-samples (what is still queued on the call's way out goes first: a hang-up would cut it) it
-asks for the configured exit: a hang-up, or a transfer (the agent's ordinary
-:class:`~agent.base.TransferRequest`, so REFER goes the usual way). A transfer that fails
-ends in a hang-up: the caller is never left in silence.
+frame heard, like the playback agent, so little is queued; once its last samples have left
+the call's queue (:meth:`~agent.base.AgentOutput.queued_ms`: a hang-up would cut what is
+still there, and audio the failed agent left ahead of the prompt delays it), and ``tail_s``
+later (the caller's phone plays them out), it asks for the configured exit: a hang-up, or
+a transfer (the agent's ordinary :class:`~agent.base.TransferRequest`, so REFER goes the
+usual way). A transfer that fails ends in a hang-up: the caller is never left in silence.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ class FallbackPromptAgent(Agent):
         self.action = action
         self.transfer_to = transfer_to
         self.played = 0  # samples written
-        self._tail = round(tail_s * sample_rate)  # samples heard after the last one written
+        self._tail = round(tail_s * sample_rate)  # samples heard after the last one was sent
         self.exited = False  # the hang-up or transfer was asked for
         self.transfer: TransferResult | None = None
         self._out: AgentOutput | None = None
@@ -62,6 +63,8 @@ class FallbackPromptAgent(Agent):
             chunk = self.prompt[self.played : self.played + pcm.size]
             self.played += chunk.size
             out.write(chunk.copy())
+            return
+        if out.queued_ms() > 0:  # not all sent yet: the tail starts once it is
             return
         self._tail -= pcm.size
         if self._tail > 0:

@@ -387,6 +387,7 @@ class VoiceAgent(Agent):
         self._drop_speculation()
         if self._out is not None:
             self._out.emit(fault)
+        self._out = None  # nothing more from us reaches the call: the bridge takes it over
 
     # -- listening -------------------------------------------------------------------------
 

@@ -154,9 +154,10 @@ class Leg(Protocol):
 
 
 async def take_over(media: Leg, a: AgentConfig) -> None:
-    """A model fault: silence the failed agent (its queued audio is dropped), stop it, and
-    put the fallback prompt in its place, which then hangs up or transfers. The prompt
-    agent answers at the failed one's rate, so the call's resamplers fit it."""
+    """A model fault: silence the failed agent (its queued audio is dropped, and again what
+    it wrote while stopping), stop it, and put the fallback prompt in its place, which then
+    hangs up or transfers. The prompt agent answers at the failed one's rate, so the call's
+    resamplers fit it."""
     old = media.agent
     media.output.flush()
     media.agent = silent = FallbackPromptAgent(np.zeros(0, np.int16), old.sample_rate)
@@ -173,6 +174,7 @@ async def take_over(media: Leg, a: AgentConfig) -> None:
                                  transfer_to=a.fault_transfer_to)  # fmt: skip
     if media.agent is not silent:  # replaced meanwhile: not ours to undo
         return
+    media.output.flush()  # what the failed agent wrote while it stopped is not said either
     media.agent = prompt  # from the next tick on, the media talks to the prompt
     await prompt.start(media.call, media.output)
 

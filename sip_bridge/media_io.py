@@ -59,6 +59,9 @@ class MediaOutput(AgentOutput):
         rate = self._media.playout.rate
         return self._media._flush(fade_out_gain(round(rate * ms / 1000)))
 
+    def queued_ms(self) -> float:
+        return 1000.0 * self._media._queued() / self._media.playout.rate
+
     def send_dtmf(self, digits: str) -> None:
         self._media.send_dtmf(digits)
 

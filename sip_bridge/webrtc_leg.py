@@ -229,6 +229,9 @@ class BrowserOutput(AgentOutput):
         self._queue.push(np.rint(head).astype(np.int16))
         return dropped
 
+    def queued_ms(self) -> float:
+        return 1000.0 * self._queue.size / RATE
+
     def hangup(self, reason: str = "") -> None:
         self.emit(HangupEvent(reason))
 

@@ -471,6 +471,95 @@ def test_a_transfer_that_fails_after_the_prompt_hangs_up() -> None:
     assert out.log[-1] == ("hangup", FAULT_REASON)
 
 
+class QueueOut(AgentOutput):
+    """A call's way out with a queue: 160 samples leave it per :meth:`send`."""
+
+    def __init__(self) -> None:
+        self.queue: list[NDArray[np.int16]] = []
+        self.sent: list[NDArray[np.int16]] = []
+        self.log: list[object] = []
+
+    def write(self, pcm: NDArray[np.int16]) -> None:
+        self.queue.append(pcm.copy())
+
+    def flush(self) -> float:
+        dropped = 1000.0 * sum(q.size for q in self.queue) / RATE
+        self.queue.clear()
+        return dropped
+
+    def queued_ms(self) -> float:
+        return 1000.0 * sum(q.size for q in self.queue) / RATE
+
+    def send(self) -> None:
+        if self.queue:
+            whole = np.concatenate(self.queue)
+            self.sent.append(whole[:FRAME])
+            self.queue = [whole[FRAME:]] if whole.size > FRAME else []
+
+    def hangup(self, reason: str = "") -> None:
+        self.log.append(("hangup", reason))
+
+    def emit(self, event: Any) -> None:
+        self.log.append(event)
+
+
+def test_the_prompt_hangs_up_only_once_all_of_it_was_sent() -> None:
+    """Audio queued ahead of the prompt delays it; the hang-up waits for the last of it."""
+    from agent.fallback_prompt import FAULT_REASON, FallbackPromptAgent
+
+    prompt = np.arange(1, 801, dtype=np.int16)  # 100 ms
+    agent = FallbackPromptAgent(prompt, RATE, tail_s=0.04)
+    out = QueueOut()
+    out.write(np.full(8 * FRAME, -1, np.int16))  # 160 ms of something else ahead of it
+    asyncio.run(agent.start(CallInfo("c"), out))
+    ticks = 0
+    while not out.log and ticks < 100:
+        agent.on_audio(np.zeros(FRAME, np.int16))
+        out.send()
+        ticks += 1
+    heard = np.concatenate(out.sent)
+    assert np.array_equal(heard[8 * FRAME :], prompt), "the whole prompt went out"
+    assert out.log == [("hangup", FAULT_REASON)]
+    assert ticks == 8 + 5 + 2  # what was ahead, the prompt, then the 40 ms tail
+
+
+def test_the_take_over_drops_what_the_failed_agent_writes_while_it_stops() -> None:
+    from agent.fallback_prompt import FallbackPromptAgent
+    from sip_bridge.agents import take_over
+
+    class Failed(Agent):
+        name = "failed"
+        sample_rate = RATE
+
+        def __init__(self, out: AgentOutput) -> None:
+            self.out = out
+
+        async def start(self, call: CallInfo, output: AgentOutput) -> None: ...
+        def on_audio(self, pcm: NDArray[np.int16]) -> None: ...
+
+        async def stop(self) -> None:
+            await asyncio.sleep(0.01)
+            self.out.write(np.full(RATE, 7, np.int16))  # a second of a stale reply
+
+    class LegStub:
+        def __init__(self) -> None:
+            self.output = QueueOut()
+            self.agent: Agent = Failed(self.output)
+            self.call = CallInfo("c")
+
+    leg = LegStub()
+    leg.output.write(np.full(RATE, 5, np.int16))  # queued when the fault came
+    cfg = load_config(ROOT / "config" / "bridge.toml")
+    asyncio.run(take_over(leg, cfg.agent))
+    assert isinstance(leg.agent, FallbackPromptAgent) and leg.agent.prompt.size > RATE
+    assert leg.output.queued_ms() == 0.0
+    for _ in range(3):
+        leg.agent.on_audio(np.zeros(FRAME, np.int16))
+        leg.output.send()
+    heard = np.concatenate(leg.output.sent)
+    assert np.array_equal(heard, leg.agent.prompt[: heard.size]), "only the prompt is heard"
+
+
 @pytest.mark.parametrize(
     ("lines", "message"),
     [
