@@ -10,8 +10,8 @@ that would (the point: a misheard day is not booked silently).
     .venv/bin/python bench/asr_confidence.py            # bench/out/asr_confidence.json
 
 Synthetic voices are harder for the recogniser than people (more wrong transcripts than a
-real line gives); the scores move a little between CPU kernel paths (README: "The same
-decisions on every CPU"), so read the ranges, not the third decimal.
+real line gives); the scores move a little between CPU kernel paths (docs/models.md, "The
+same decisions on every CPU"), so read the ranges, not the third decimal.
 """
 
 from __future__ import annotations

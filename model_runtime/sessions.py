@@ -78,7 +78,7 @@ def select_providers(device: Device, available: Sequence[str] | None = None) -> 
         if CUDA not in avail:
             raise ModelRuntimeError(
                 'device = "cuda" but this onnxruntime has no CUDA provider '
-                "(install onnxruntime-gpu: see README, GPU)"
+                "(install onnxruntime-gpu: see docs/models.md, GPU)"
             )
         return [p for p in _GPU_PROVIDERS if p in avail] + [CPU]
     raise ModelRuntimeError(

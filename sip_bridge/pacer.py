@@ -22,7 +22,7 @@ def next_tick(
     lag_s: float = 0.001,
 ) -> float:
     """The receive loop's next pop time: one frame on, moved at most ``max_nudge_s``
-    toward ``due_s + lag_s`` (see ``JitterBuffer.due_s`` and the README).
+    toward ``due_s + lag_s`` (see ``JitterBuffer.due_s`` and docs/media.md).
 
     Why the lag: popping a hair *before* ``due_s`` reads as "delay below target", and on
     quiet frames the buffer then inserts a frame to grow the delay; the clock, following

@@ -53,7 +53,7 @@ def test_cuda_without_cuda_provider_says_how_to_fix(available: list[str]) -> Non
         select_providers("cuda", available)
     assert str(err.value) == (
         'device = "cuda" but this onnxruntime has no CUDA provider '
-        "(install onnxruntime-gpu: see README, GPU)"
+        "(install onnxruntime-gpu: see docs/models.md, GPU)"
     )
 
 

@@ -222,8 +222,8 @@ def test_a_quiet_caller_stops_the_greeting_over_our_echo(
     asserted: within their first words). At ERL 6 dB / 150 ms (our echo 6 dB louder than
     they are): 180-380 ms, but in about a quarter of the calls the gate takes their first
     word for echo and the barge-in comes on the next, 480-640 ms (once 955 ms on one
-    loaded core), so only the question's length is asserted. See README: what barge-in
-    still misses. 0: they began in a pause of the greeting, which did not go on."""
+    loaded core), so only the question's length is asserted. See docs/voice-agent.md, "What
+    barge-in still misses". 0: they began in a pause of the greeting, which did not go on."""
     heard = _run(config, LineEcho(erl_db, delay_ms), question, 3.0)
     agent = heard.agent
     took_ms = 1000 * (heard.stopped - heard.onset)
