@@ -127,6 +127,18 @@ async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeC
     notifier.start_watchdog(loop)  # from now on: model loading runs beside the loop
     server = BridgeServer(config, control=True)
     server.config_source = choice.source
+    stop, drain, wake = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+    def signalled(event: asyncio.Event) -> None:
+        event.set()
+        wake.set()
+
+    # before the start and the banner: a Ctrl-C as soon as "listening on" shows (or while
+    # the models load) is a stop after the start, never asyncio's default, which cancels
+    # this coroutine mid-way and leaves the started server's threads keeping us alive
+    for sig, event in ((signal.SIGINT, stop), (signal.SIGTERM, drain)):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, signalled, event)
     try:
         await server.start()
     except BaseException:
@@ -151,7 +163,6 @@ async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeC
         say(f"operator console: {server.web.url}/console")
     say(choice.describe())
     notifier.ready(f"answering calls at {server.uri}")
-    stop, drain, wake = asyncio.Event(), asyncio.Event(), asyncio.Event()
     reloading: list[asyncio.Task[bool]] = []
 
     async def reload_and_tell() -> bool:
@@ -170,14 +181,6 @@ async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeC
             reloading[:] = [loop.create_task(reload_and_tell())]
 
     watcher = ConfigWatcher(watched_files(config))
-
-    def signalled(event: asyncio.Event) -> None:
-        event.set()
-        wake.set()
-
-    for sig, event in ((signal.SIGINT, stop), (signal.SIGTERM, drain)):
-        with contextlib.suppress(NotImplementedError):
-            loop.add_signal_handler(sig, signalled, event)
     with contextlib.suppress(NotImplementedError):
         loop.add_signal_handler(signal.SIGHUP, reload)
     while not (stop.is_set() or drain.is_set()):
