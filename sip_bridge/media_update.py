@@ -26,20 +26,22 @@ def _khz(rate: int) -> str:
 
 
 def describe_chain(media: CallMedia) -> str:
-    """The chain as one line, built from the configured stages."""
+    """The chain as one line, built from the configured stages in the order the code runs
+    them: each packet is decoded as it arrives (``rtp_receiver``) and the jitter buffer
+    holds audio; each frame is encoded as it leaves the paced playout buffer."""
     p = media.params
     codec = media.codec.name
     stages = [
         "RTP in",
-        f"JitterBuffer(adaptive {p.jitter_min_ms:g}..{p.jitter_max_ms:g} ms)",
         f"G711Decode({codec})",
+        f"JitterBuffer(adaptive {p.jitter_min_ms:g}..{p.jitter_max_ms:g} ms)",
     ]
     if media._up is not None:
         stages.append(f"Resample({_khz(media._up.in_rate)}->{_khz(media._up.out_rate)})")
     stages.append(f"Agent({media.agent.name})")
     if media._down is not None:
         stages.append(f"Resample({_khz(media._down.in_rate)}->{_khz(media._down.out_rate)})")
-    stages += [f"G711Encode({codec})", f"Pacer({media.playout.frame_ms} ms)", "RTP out"]
+    stages += [f"Pacer({media.playout.frame_ms} ms)", f"G711Encode({codec})", "RTP out"]
     return " -> ".join(stages)
 
 

@@ -360,14 +360,14 @@ def test_describe_is_built_from_the_configured_chain() -> None:
     pool = RtpPortPool(40000, 40001)
     echo = CallMedia(EchoAgent(delay_s=0.3), pool, MediaParams("127.0.0.1", 4000))
     assert echo.describe() == (
-        "RTP in -> JitterBuffer(adaptive 20..200 ms) -> G711Decode(PCMU) -> Resample(8k->24k)"
-        " -> Agent(echo) -> Resample(24k->8k) -> G711Encode(PCMU) -> Pacer(20 ms) -> RTP out"
+        "RTP in -> G711Decode(PCMU) -> JitterBuffer(adaptive 20..200 ms) -> Resample(8k->24k)"
+        " -> Agent(echo) -> Resample(24k->8k) -> Pacer(20 ms) -> G711Encode(PCMU) -> RTP out"
     )
     narrow = EchoAgent(delay_s=0.1, sample_rate=8000)
     params = MediaParams("::1", 4000, payload_type=8, ptime_ms=30, jitter_max_ms=120)
     assert CallMedia(narrow, pool, params).describe() == (
-        "RTP in -> JitterBuffer(adaptive 20..120 ms) -> G711Decode(PCMA) -> Agent(echo)"
-        " -> G711Encode(PCMA) -> Pacer(30 ms) -> RTP out"
+        "RTP in -> G711Decode(PCMA) -> JitterBuffer(adaptive 20..120 ms) -> Agent(echo)"
+        " -> Pacer(30 ms) -> G711Encode(PCMA) -> RTP out"
     )
     with pytest.raises(ValueError):
         MediaParams("pbx.example.com", 4000)  # resolve before
