@@ -50,6 +50,7 @@ _MIN_EVIDENCE = 25  # windows (half a second) before the estimate-relative bound
 
 class BargeInGate(Protocol):
     window: int
+    speech_heard: bool  # the listener's VAD hears speech in what the gate returned
 
     def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
         """One tick: what the caller's side sent, what we sent; returns what to listen to."""
@@ -109,6 +110,13 @@ class EchoGate:
         self._learnt = 0
         self.est_bound = float("inf")
         self.residual_db = -120.0  # the last tick's residual level, for logs and benches
+        # set by the listener: its VAD hears speech in the residual. Such a window with
+        # more left than the prior lets echo leave (our voice 6 dB down, less the margin)
+        # is not learnt from: a caller who talks from our first words ("hello?" as the
+        # greeting starts) would otherwise be learnt as our echo before their speech had
+        # the windows it needs to count, and never be heard
+        self.speech_heard = False
+        self._prior = prior
 
     def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
         res = self.canceller.process(heard, ours)
@@ -142,6 +150,8 @@ class EchoGate:
         if env <= _QUIET * self.window * 100:  # we were too quiet to learn from
             return
         left = max(0.0, sum(self._left) - self.window * self._noise)
+        if self.speech_heard and left > self._prior * env:
+            return
         est = sum(self._est)
         if len(self._pending) == self._pending.maxlen:
             by_voice, by_estimate = self._pending[0]
@@ -201,6 +211,7 @@ class LoudnessGate:
         self._factor = 10 ** (-margin_db / 10)
         self._ours: deque[float] = deque([0.0], maxlen=self.window + round(ECHO_S / TICK_S))
         self._heard: deque[float] = deque([0.0], maxlen=self.window)
+        self.speech_heard = False  # (not used: nothing is learnt)
 
     def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
         self._ours.append(float(np.mean(ours.astype(np.float64) ** 2)))

@@ -275,6 +275,7 @@ class VoiceAgent(Agent):
                 self._interrupt_with(closing)
         now = time.monotonic()
         # the caller's side less the echo of what went out this tick: all we listen to
+        self.gate.speech_heard = self._user_speaking
         pcm = self.gate.process(pcm, self.playout.play(pcm.size))
         if self._busy and self._voice_from is None and self.playout.last_played:
             self._voice_from = self._tick

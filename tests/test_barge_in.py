@@ -96,6 +96,21 @@ async def test_a_caller_stops_the_agent_over_its_echo(erl: float, delay_ms: floa
     assert took is not None and 0 < took <= MIN_SPEECH_MS + 150, took
 
 
+@pytest.mark.parametrize("at_s", [0.0, 0.1, 0.3])
+@pytest.mark.parametrize("erl", [None, 20])
+@aio
+async def test_a_caller_who_talks_as_the_greeting_starts_stops_it(
+    erl: float | None, at_s: float
+) -> None:
+    """"Hello?" at pickup: the greeting (cached, so out at once) and the caller start
+    together, before the canceller has heard a second of our voice. The caller's windows
+    must not be learnt as our echo; the agent stops before their question is over."""
+    pcm = at_level(espeak_voice("What are your opening hours?", "en-us"), -20)
+    took = await _reaction_ms(Line(erl, 60, noise_dbfs=-60), pcm, at_s)
+    spoken_ms = (pcm.size - onset_sample(pcm)) / 8
+    assert took is not None and 0 < took < spoken_ms, (took, spoken_ms)
+
+
 async def _echo_only(line: Line, replies: list[str], settings: VoiceSettings | None = None) -> Sim:
     sim = Sim(line, settings=settings)
     await sim.start()
