@@ -102,8 +102,9 @@ async def test_a_caller_stops_the_agent_over_its_echo(erl: float, delay_ms: floa
 async def test_a_caller_who_talks_as_the_greeting_starts_stops_it(
     erl: float | None, at_s: float
 ) -> None:
-    """"Hello?" at pickup: the greeting (cached, so out at once) and the caller start
-    together, before the canceller has heard a second of our voice. The caller's windows
+    """A caller's "hello?" at pickup: the greeting (synthesised before the first tick, so
+    out at once, as a fast or cached one is) and the caller start together, before the
+    canceller has heard a second of our voice. The caller's windows
     must not be learnt as our echo; the agent stops before their question is over."""
     pcm = at_level(espeak_voice("What are your opening hours?", "en-us"), -20)
     took = await _reaction_ms(Line(erl, 60, noise_dbfs=-60), pcm, at_s)
