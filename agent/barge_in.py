@@ -110,11 +110,11 @@ class EchoGate:
         self._learnt = 0
         self.est_bound = float("inf")
         self.residual_db = -120.0  # the last tick's residual level, for logs and benches
-        # set by the listener: its VAD hears speech in the residual. Such a window with
-        # more left than the prior lets echo leave (our voice 6 dB down, less the margin)
-        # is not learnt from: a caller who talks from our first words ("hello?" as the
-        # greeting starts) would otherwise be learnt as our echo before their speech had
-        # the windows it needs to count, and never be heard
+        # set by the listener: its VAD hears speech in the residual. Until half a second of
+        # evidence is in, such a window with more left than the prior lets echo leave (our
+        # voice 6 dB down, less the margin) is not learnt from: a caller who talks from our
+        # first words ("hello?" as the greeting starts) would otherwise be learnt as our
+        # echo before their speech had the windows it needs to count, and never be heard
         self.speech_heard = False
         self._prior = prior
 
@@ -150,7 +150,7 @@ class EchoGate:
         if env <= _QUIET * self.window * 100:  # we were too quiet to learn from
             return
         left = max(0.0, sum(self._left) - self.window * self._noise)
-        if self.speech_heard and left > self._prior * env:
+        if self.speech_heard and left > self._prior * env and self._learnt < _MIN_EVIDENCE:
             return
         est = sum(self._est)
         if len(self._pending) == self._pending.maxlen:
