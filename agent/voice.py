@@ -741,6 +741,16 @@ class VoiceAgent(Agent):
         self._preroll.clear()
         over = sum(o for _, _, o in frames) >= OVER_ECHO_TICKS
         spoken = [i for i, (_, speaking, _) in enumerate(frames) if speaking]
+        if spoken and not over and self._user_speaking:
+            # speech that goes on past our last word, too short over it to be told from
+            # our echo: its onset is kept as the lead-in the transcriber keeps before any
+            # speech (not counted as speech), or the turn would start without its first
+            # syllable ("Yes please." heard as "...lean")
+            log.debug("speech over the reply's end (%d ticks): kept as lead-in", len(spoken))
+            for pcm16, _, _ in frames[-PREROLL_TICKS:]:
+                self._stt.push(pcm16, False)
+                self._eot.push(pcm16, False)
+            return
         if not spoken or not over:  # nothing, or only what our own echo explains
             return
         pause = len(frames) - 1 - spoken[-1]

@@ -493,6 +493,24 @@ async def test_words_begun_over_the_replys_last_moment_open_the_turn() -> None:
 
 
 @aio
+async def test_a_word_begun_just_before_the_replys_end_keeps_its_onset() -> None:
+    """ "Yes please." begun two ticks before our last: too little over the reply to tell
+    from our echo, so not counted as speech there, but its onset leads the turn's audio
+    (dropped, the turn began at "-s please" and was heard as "...lean")."""
+    async with Call(greeted=False) as c:
+        while c.agent.playout.queued > 2 * FRAME:
+            await c.tick()
+        c.vad(True, True)
+        await c.tick(2, 2 * OUR_RMS)  # over the reply's last 40 ms
+        await c.tick(6, 2 * OUR_RMS)  # and on after it
+        assert not c.agent.playout.playing and c.agent.barge_ins == 0
+        pushed = c.models.stt.pushed
+        first = next(i for i, (_, s) in enumerate(pushed) if s)
+        lead = [pcm for pcm, s in pushed[:first] if not s and np.any(pcm)]
+        assert len(lead) >= 2, len(lead)  # the onset, as lead-in before the speech
+
+
+@aio
 async def test_a_cough_over_the_replys_end_is_no_turn() -> None:
     """A sound over our last word, then quiet: as if made just after the reply (shorter
     than min_speech_ms: no turn, nothing said); one that ended over 300 ms before the
