@@ -17,6 +17,11 @@ from sipp_runner import run_sipp
 from sip_bridge.config import BridgeConfig, InboundConfig, SipConfig, TimersConfig
 from sip_bridge.server import BridgeServer
 
+# the floods send 500 INVITEs a second over UDP: a full collection of this pytest process's
+# heap stalls the bridge long enough for the socket's buffer to overflow (4 and 22 of 1,000
+# unanswered in two full runs; never alone)
+pytestmark = pytest.mark.usefixtures("quiet_gc")  # tests/conftest.py
+
 
 def _config(**sip: object) -> BridgeConfig:
     timers = sip.pop("timers", TimersConfig())
