@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from agent.profile import normalize
+from agent.words import normalize
 
 __all__ = ["DEFAULT_BACKCHANNELS", "is_backchannel", "phrases"]
 

@@ -31,7 +31,6 @@ from agent.profile import (
     AgentProfile,
     Intent,
     SlotSpec,
-    normalize,
     parse_template,
 )
 from agent.redaction import sensitive_text
@@ -40,6 +39,7 @@ from agent.slot_rules import KEYED, PREFILLED, from_keys, hear, needs_confirmati
 from agent.slot_values import Heard
 from agent.spoken_numbers import digit_runs, yes_no
 from agent.transcript import confidence_of
+from agent.words import normalize
 
 __all__ = [
     "DialogueEngine",

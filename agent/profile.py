@@ -13,9 +13,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Literal
 
+from agent.backchannel import DEFAULT_BACKCHANNELS, phrases
 from agent.business_hours import BusinessHours
 from agent.formatters import apply as apply_format
 
@@ -35,7 +35,6 @@ __all__ = [
     "Template",
     "TransferSettings",
     "Voice",
-    "load_profile",
     "parse_template",
 ]
 
@@ -213,8 +212,6 @@ class BargeIn:
 
 
 def _defaults() -> tuple[tuple[str, ...], ...]:
-    from agent.backchannel import DEFAULT_BACKCHANNELS, phrases  # it imports normalize
-
     return phrases(DEFAULT_BACKCHANNELS)
 
 
@@ -271,16 +268,3 @@ class AgentProfile:
     hours: BusinessHours | None = None  # outside them, calls get hours.after_hours_profile
     language: str = "en"  # what callers speak and hear (the speech models must match)
     path: str = ""
-
-
-def normalize(text: str) -> tuple[str, ...]:
-    """Lower-case words without punctuation ("What's" -> "whats"): how text is compared."""
-    text = text.lower().replace("\u2019", "'").replace("'", "")
-    return tuple(re.sub(r"[^a-z0-9]+", " ", text).split())
-
-
-def load_profile(path: Path) -> AgentProfile:
-    """Read and validate one agent profile (``file:line: key: message`` on any mistake)."""
-    from agent.profile_loader import load  # the schema and builders: agent/profile_loader.py
-
-    return load(path)

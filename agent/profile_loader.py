@@ -32,7 +32,6 @@ from agent.profile import (
     Template,
     TransferSettings,
     Voice,
-    normalize,
     parse_template,
 )
 from agent.slot_loader import SLOT_TYPES, build_slot_rules
@@ -40,8 +39,9 @@ from agent.slot_rules import KEYED
 from agent.toml_source import as_written
 from agent.transfer_target import target_problem
 from agent.voice_settings import SPEECH_LANGUAGES
+from agent.words import normalize
 
-__all__ = ["load"]
+__all__ = ["load_profile"]
 
 _NUM, _INT, _STR, _BOOL, _LIST, _TABLE = (int, float), (int,), (str,), (bool,), (list,), (dict,)
 
@@ -166,8 +166,8 @@ class _Loader:
             self.fail(section, key, f"must be {low:g}..{high:g}, got {value!r}")
 
 
-def load(path: Path) -> AgentProfile:
-    """Read and validate one agent profile."""
+def load_profile(path: Path) -> AgentProfile:
+    """Read and validate one agent profile (``file:line: key: message`` on any mistake)."""
     p = str(path)
     try:
         text = Path(p).read_text(encoding="utf-8")

@@ -9,8 +9,9 @@ from dataclasses import replace
 from typing import Any, NoReturn, Protocol
 
 from agent.business_hours import DAYS
-from agent.profile import SlotSpec, Template, normalize, parse_template
+from agent.profile import SlotSpec, Template, parse_template
 from agent.slot_rules import KEYED, confirm_format
+from agent.words import normalize
 
 __all__ = ["SLOT_TYPES", "build_slot_rules"]
 

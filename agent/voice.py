@@ -49,12 +49,13 @@ from agent.base import (
 from agent.call_flow import CallFlow
 from agent.dialogue import DialogueEngine, Hangup, KeyTurn, ReplyPart, Say, SendDtmf, Transfer
 from agent.model_guard import ModelGuard
-from agent.profile import AgentProfile, normalize
+from agent.profile import AgentProfile
 from agent.redaction import sensitive_text
 from agent.reply_playout import ReplyPlayout
 from agent.speculation import Speculation
 from agent.voice_models import FIRST_WORDS, VoiceModels
 from agent.voice_settings import VoiceSettings
+from agent.words import normalize
 from resample import Resampler
 
 __all__ = ["TurnTiming", "VoiceAgent", "VoiceSettings"]

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared
 from line_echo import at_level, espeak_voice, g711
 
 from agent.asr import MoonshineAsr
-from agent.profile import normalize
+from agent.words import normalize
 from resample.resampler import Resampler
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -196,7 +196,7 @@ def load_agent_models(config: BridgeConfig) -> None:
 
 def _profile(path: str) -> AgentProfile:
     """A profile, loaded once per version of its file (an edit loads it anew)."""
-    from agent.profile import load_profile
+    from agent.profile_loader import load_profile
 
     try:
         version = (path, Path(path).stat().st_mtime_ns)

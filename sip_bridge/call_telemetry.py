@@ -22,7 +22,7 @@ import os
 import re
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
     from sip_bridge.mqtt_link import MqttLink
     from sip_bridge.records import CallRecords
 
-__all__ = ["CallFacts", "CallTelemetry", "DeadAirTally", "EventSink", "hostport"]
+__all__ = ["CallFacts", "CallTelemetry", "DeadAirTally", "EventSink", "hostport", "turn_total_ms"]
 
 log = logging.getLogger(__name__)
 
@@ -401,3 +401,12 @@ def _masked_turn(t: TurnCompleted, keyed: list[bool]) -> TurnCompleted:
     agent, _ = redact_card_numbers(t.agent_text)
     keys, _ = mask_card_keys(keys)
     return replace(t, caller_text=caller, agent_text=agent, keys=keys)
+
+
+def turn_total_ms(stages: Mapping[str, Any]) -> float | None:
+    """A turn's latency: its ``total``, else the sum of its stages (None: no figures)."""
+    total = stages.get("total")
+    if isinstance(total, int | float) and not isinstance(total, bool):
+        return round(float(total), 1)
+    parts = [v for v in stages.values() if isinstance(v, int | float) and not isinstance(v, bool)]
+    return round(float(sum(parts)), 1) if parts else None

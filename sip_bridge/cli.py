@@ -248,7 +248,8 @@ def show_status(args: argparse.Namespace) -> int:
 def check_config(file: str | None) -> int:
     """``sip-bridge config check``: 0 and a summary line, or 2 and the first mistake (file,
     line, key) in the file or in an agent profile it names."""
-    from agent.profile import ProfileError, load_profile
+    from agent.profile import ProfileError
+    from agent.profile_loader import load_profile
 
     choice = find_config(file)
     target = file if file is not None else choice.path  # a named file: as it was named

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from agent.voice_settings import ModelSettings, VoiceSettings
+from sip_bridge.config_error import ConfigError, is_file
 from sip_bridge.config_files import packaged_dir
 from sip_bridge.routes import RouteConfig
 from sip_bridge.trunks import TrunkConfig
@@ -60,15 +61,6 @@ DEMO_PROFILE = packaged_dir() / "agents" / "demo.toml"
 FALLBACK_PROMPT = packaged_dir() / "prompts" / "technical_difficulty.wav"
 #: What the bridge does after a model fault's fallback prompt.
 MODEL_FAULT_ACTIONS = ("hangup", "transfer")
-
-
-class ConfigError(ValueError):
-    """A configuration mistake, located: `file:line: key: message`."""
-
-    def __init__(self, path: str, line: int | None, key: str, message: str) -> None:
-        self.path, self.line, self.key = path, line, key
-        where = f"{path}:{line}" if line else path
-        super().__init__(f"{where}: {key}: {message}")
 
 
 @dataclass(frozen=True)
@@ -430,15 +422,6 @@ class BridgeConfig:
 AGENTS = ("voice", "speech_model", "echo", "tone", "playback")
 TRANSPORTS = ("udp", "tcp")
 SYMMETRIC = ("off", "auto", "on")
-
-
-def is_file(path: Path) -> bool:
-    """``path.is_file()``, False for a name the OS refuses (too long, NUL...) rather than
-    an exception: a config names files, and a mangled name is a config mistake."""
-    try:
-        return path.is_file()
-    except (OSError, ValueError):
-        return False
 
 
 def parse_hostport(value: str) -> tuple[str, int]:

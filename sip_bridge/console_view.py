@@ -4,20 +4,21 @@ live calls of both legs (SIP and WebRTC) in one shape for the operator console."
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from sip_bridge.call_telemetry import turn_total_ms
 from sip_bridge.operator_view import bridge_status
 
 if TYPE_CHECKING:
     from agent.base import TurnCompleted
+    from sip_bridge.bridge_surface import Bridge
     from sip_bridge.config import BridgeConfig
-    from sip_bridge.server import BridgeServer
     from sip_bridge.webrtc_leg import BrowserSession
 
-__all__ = ["live_calls", "talk_profiles", "turn_total_ms"]
+__all__ = ["live_calls", "talk_profiles"]
 
 _CUT = 200  # characters of a turn's text in the live view
 
@@ -70,15 +71,6 @@ def _profile_name(path: str) -> str:
     return name if isinstance(name, str) and name.strip() else Path(path).stem
 
 
-def turn_total_ms(stages: Mapping[str, Any]) -> float | None:
-    """A turn's latency: its ``total``, else the sum of its stages (None: no figures)."""
-    total = stages.get("total")
-    if isinstance(total, int | float) and not isinstance(total, bool):
-        return round(float(total), 1)
-    parts = [v for v in stages.values() if isinstance(v, int | float) and not isinstance(v, bool)]
-    return round(float(sum(parts)), 1) if parts else None
-
-
 def _turns(turns: Iterable[TurnCompleted]) -> list[dict[str, Any]]:
     cut = _CUT
     return [
@@ -93,7 +85,7 @@ def _turns(turns: Iterable[TurnCompleted]) -> list[dict[str, Any]]:
     ]
 
 
-def _dead_air(bridge: BridgeServer, call_id: str) -> dict[str, Any] | None:
+def _dead_air(bridge: Bridge, call_id: str) -> dict[str, Any] | None:
     """The call's dead air so far (longest and total wait in silence, ms), if measured."""
     tally = bridge.telemetry.dead_air.get(call_id)
     if tally is None:
@@ -102,7 +94,7 @@ def _dead_air(bridge: BridgeServer, call_id: str) -> dict[str, Any] | None:
 
 
 def live_calls(
-    bridge: BridgeServer, sessions: Iterable[BrowserSession], now: float
+    bridge: Bridge, sessions: Iterable[BrowserSession], now: float
 ) -> list[dict[str, Any]]:
     """Every call in progress, SIP then WebRTC, in the console's shape."""
     out = []

@@ -46,7 +46,7 @@ from sip_bridge.media_io import (
     reserve_rtp_port,
 )
 from sip_bridge.media_params import MediaParams, MediaStats, delay_figures
-from sip_bridge.media_rtcp import RtcpLink, RtcpPeerStats, bind_rtcp, rtcp_remote
+from sip_bridge.media_rtcp import RtcpLink, RtcpPeerStats, bind_rtcp
 from sip_bridge.media_update import apply_update, describe_chain, dtmf_outbox, queue_dtmf
 from sip_bridge.pacer import Pacer, next_tick
 from sip_bridge.rtcp import NTP_UNIX_OFFSET
@@ -212,7 +212,7 @@ class CallMedia:
             rand=self._rtcp_rand,
         )
         p = self.params
-        self.rtcp = RtcpLink(session, rtcp_remote(p), mux=p.rtcp_mux, latch=p.latch)
+        self.rtcp = RtcpLink(session, p.rtcp_remote, mux=p.rtcp_mux, latch=p.latch)
         self.rtcp.srtp = self.srtp
         self.receiver.on_accepted = session.on_rtp_received  # one call less per packet
         try:

@@ -12,7 +12,7 @@ import numpy as np
 
 from jitter import JitterStats
 from sip_bridge.media_rtcp import RtcpPeerStats
-from sip_bridge.rtp_receiver import CODECS, RATE
+from sip_bridge.rtp_receiver import CODECS, RATE, addr_key
 
 if TYPE_CHECKING:
     from sip_bridge.offer_answer import NegotiatedMedia
@@ -50,6 +50,12 @@ class MediaParams:
         if self.send_telephone_event_pt is not None:
             return self.send_telephone_event_pt
         return self.telephone_event_pt
+
+    @property
+    def rtcp_remote(self) -> tuple[str, int]:
+        """Where reports go without rtcp-mux: ``a=rtcp`` if given, else RTP port + 1."""
+        port = self.rtcp_port if self.rtcp_port is not None else self.remote_port + 1
+        return addr_key(self.remote_host, min(port, 65535))
 
     def __post_init__(self) -> None:
         if self.payload_type not in CODECS:

@@ -12,17 +12,13 @@ import asyncio
 import logging
 from dataclasses import dataclass
 from dataclasses import replace as _replace
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from sip_bridge.rtcp import RtcpError
 from sip_bridge.rtcp_session import RtcpReport, RtcpSession
-from sip_bridge.rtp_receiver import addr_key
 from sip_bridge.srtp import SrtpContext
 
-if TYPE_CHECKING:
-    from sip_bridge.media_params import MediaParams
-
-__all__ = ["RtcpLink", "RtcpPeerStats", "RtcpProtocol", "bind_rtcp", "rtcp_remote"]
+__all__ = ["RtcpLink", "RtcpPeerStats", "RtcpProtocol", "bind_rtcp"]
 
 log = logging.getLogger(__name__)
 
@@ -139,12 +135,6 @@ class RtcpProtocol(asyncio.DatagramProtocol):
 
     def error_received(self, exc: Exception) -> None:
         log.debug("RTCP socket error: %s", exc)
-
-
-def rtcp_remote(p: MediaParams) -> tuple[str, int]:
-    """Where reports go without rtcp-mux: ``a=rtcp`` if given, else RTP port + 1."""
-    port = p.rtcp_port if p.rtcp_port is not None else p.remote_port + 1
-    return addr_key(p.remote_host, min(port, 65535))
 
 
 async def bind_rtcp(

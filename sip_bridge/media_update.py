@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from agent.base import DtmfEvent
 from sip_bridge.dtmf import DtmfOutbox, DtmfReceiver
 from sip_bridge.media_params import MediaParams
-from sip_bridge.media_rtcp import rtcp_remote
 from sip_bridge.rtp_receiver import CODECS, RATE, addr_key
 
 if TYPE_CHECKING:
@@ -91,9 +90,9 @@ def apply_update(media: CallMedia, params: MediaParams) -> None:
         r.remote = r.signalled = addr_key(params.remote_host, params.remote_port)
         r.latch, r.latched = params.latch, False  # re-latch on the new stream
     if media.rtcp is not None and (
-        moved or rtcp_remote(params) != rtcp_remote(old) or params.rtcp_mux != old.rtcp_mux
+        moved or params.rtcp_remote != old.rtcp_remote or params.rtcp_mux != old.rtcp_mux
     ):
-        media.rtcp.retarget(rtcp_remote(params), mux=params.rtcp_mux, latch=params.latch)
+        media.rtcp.retarget(params.rtcp_remote, mux=params.rtcp_mux, latch=params.latch)
     if params.send and not old.send:
         media.sender.start_talkspurt()  # resuming after hold: marker bit
     media.params = params

@@ -15,7 +15,7 @@ from sip_bridge.call_events import Command, Hangup, Pause, Resume, Say, Transfer
 from sip_bridge.records import media_summary
 
 if TYPE_CHECKING:
-    from sip_bridge.server import BridgeServer
+    from sip_bridge.bridge_surface import Bridge
 
 __all__ = ["apply_command", "bridge_status"]
 
@@ -23,7 +23,7 @@ log = logging.getLogger("sip_bridge.server")
 
 
 def apply_command(
-    server: BridgeServer, call_id: str, command: Command, *, by: str = "", via: str = "mqtt"
+    server: Bridge, call_id: str, command: Command, *, by: str = "", via: str = "mqtt"
 ) -> None:
     """An operator's command for one call (MQTT, or the console's API: ``via``); ValueError
     becomes an error event. What is done goes on the call's timeline with ``by``, the
@@ -36,13 +36,11 @@ def apply_command(
     log.info("call %s: operator command %s by %s (%s)", call_id, command, by, via)
     if isinstance(command, Hangup):
         server.telemetry.operator(call_id, action, by, via)
-        server._hangup(call_id, "operator hung up")
+        server.hangup(call_id, "operator hung up")
         return
     if isinstance(command, Transfer):
-        assert server.ua is not None
         server.telemetry.operator(call_id, action, by, via, target=command.target)
-        now = asyncio.get_running_loop().time()
-        server._handle(server.ua.transfer(call_id, command.target, now))
+        server.transfer(call_id, command.target)
         return
     agent = call.media.agent if call.media is not None else None
     if agent is None or not agent.takes_commands:
@@ -58,7 +56,7 @@ def apply_command(
         agent.on_event(ResumeAgent())
 
 
-def bridge_status(server: BridgeServer) -> dict[str, Any]:
+def bridge_status(server: Bridge) -> dict[str, Any]:
     """What an operator asks a running bridge: calls, registrations, counters."""
     now = asyncio.get_running_loop().time()
     calls = []
@@ -92,7 +90,7 @@ def bridge_status(server: BridgeServer) -> dict[str, Any]:
     sip = server.config.sip
     return {
         "version": __version__,
-        "uptime_s": round(now - server._started_at, 1),
+        "uptime_s": round(server.uptime_s, 1),
         # the file it runs with, and what chose it (--config, $SIP_BRIDGE_CONFIG, ...)
         "config": {"path": server.config.path, "source": server.config_source},
         "listen": f"{'+'.join(sip.transports)} {sip.listen_host}:{server.port}",

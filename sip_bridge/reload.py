@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from sip_bridge.config import BridgeConfig, ConfigError
 
 if TYPE_CHECKING:
-    from sip_bridge.server import BridgeServer
+    from sip_bridge.bridge_surface import Bridge
 
 __all__ = ["ConfigWatcher", "keep_bound", "reload_bridge", "watched_files"]
 
@@ -109,7 +109,7 @@ class ConfigWatcher:
         self._seen = self._snapshot()
 
 
-async def reload_bridge(server: BridgeServer, load: Callable[[], BridgeConfig]) -> bool:
+async def reload_bridge(server: Bridge, load: Callable[[], BridgeConfig]) -> bool:
     """Load the config again and hand it to the running bridge; False (and one logged
     line) when the edit is refused, the running config unchanged."""
     from agent.profile import ProfileError

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sip_bridge.config_error import ConfigError, is_file
 from sip_bridge.fields import SipParseError, SipUri
 from sip_bridge.trunks import TrunkConfig, entry_key_line
 
@@ -100,8 +101,6 @@ def parse_routes(
     trunks: tuple[TrunkConfig, ...],
 ) -> tuple[RouteConfig, ...]:
     """Validate the ``routes`` array of tables; ConfigError says where a mistake is."""
-    from sip_bridge.config import ConfigError  # config imports us: a late import
-    from sip_bridge.config_types import is_file
 
     def fail(index: int, key: str | None, message: str) -> ConfigError:
         dotted = f"routes[{index + 1}]" + (f".{key}" if key else "")

@@ -231,7 +231,7 @@ class BridgeServer:
                 current[call_id] = (packets, since)
                 if limit > 0 and now - since >= limit:
                     log.warning("call %s: no RTP for %.0f s; hanging up", call_id, now - since)
-                    self._hangup(call_id, "RTP timeout")
+                    self.hangup(call_id, "RTP timeout")
             seen = current
             self.heap.maybe_trim(now, len(self.calls))
 
@@ -504,7 +504,7 @@ class BridgeServer:
             params = self._media_params(neg)
         except ValueError as exc:
             log.warning("call %s: unusable media (%s); hanging up", call_id, exc)
-            self._hangup(call_id, "unusable media")
+            self.hangup(call_id, "unusable media")
             return
         agent = self.agent_factory(call.config or self.config)
         info = CallInfo(call_id, call.info.caller, call.info.callee, codec=neg.codec)
@@ -542,7 +542,7 @@ class BridgeServer:
         log.info("call %s answered: %s", call_id, media.describe())
         limit = self.config.sip.max_call_s
         if limit > 0:
-            call.limit = loop.call_later(limit, self._hangup, call_id, "call length limit")
+            call.limit = loop.call_later(limit, self.hangup, call_id, "call length limit")
 
     def _media_params(self, neg: NegotiatedMedia) -> MediaParams:
         """What CallMedia needs from an offer/answer outcome; ValueError if unusable."""
@@ -571,7 +571,7 @@ class BridgeServer:
         elif isinstance(event, DeadAir):
             self.telemetry.dead_air_gap(call_id, event)
         elif isinstance(event, HangupEvent):
-            self._hangup(call_id, event.reason or "agent hung up")
+            self.hangup(call_id, event.reason or "agent hung up")
         elif isinstance(event, ModelFault):
             self._model_fault(call_id, event)
         elif isinstance(event, TransferRequest) and self.ua is not None:
@@ -604,9 +604,25 @@ class BridgeServer:
         self.telemetry.model_fault(call_id, fault.stage, fault.reason, a.on_model_fault)
         self._spawn(take_over(call.media, a))
 
-    def _hangup(self, call_id: str, reason: str) -> None:
+    # -- the public surface its operators' tools use (sip_bridge.bridge_surface.Bridge) ---------
+
+    def hangup(self, call_id: str, reason: str) -> None:
+        """End the call (BYE, or CANCEL/487 before it was answered)."""
         if self.ua is not None:
             self._handle(self.ua.hangup(call_id, asyncio.get_running_loop().time(), reason))
+
+    def transfer(self, call_id: str, target: str) -> None:
+        """Blind-transfer the call to ``target`` (a SIP URI): REFER; ValueError if not up."""
+        if self.ua is None:
+            raise ValueError("the bridge is not running")
+        self._handle(self.ua.transfer(call_id, target, asyncio.get_running_loop().time()))
+
+    @property
+    def uptime_s(self) -> float:
+        """Seconds since :meth:`start` (0 before)."""
+        if not self._started_at:
+            return 0.0
+        return asyncio.get_running_loop().time() - self._started_at
 
     async def _teardown(self, call: _Call, reason: str, by: str = "local") -> None:
         if call.ended:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from sip_bridge.acl import SourceAcl
+from sip_bridge.config_error import ConfigError
 from sip_bridge.fields import SipParseError, SipUri
 from sip_bridge.srtp import SRTP_MODES
 
@@ -134,7 +135,6 @@ def entry_key_line(text: str, table: str, index: int, key: str | None) -> int | 
 
 def parse_trunks(value: Any, text: str, path: str) -> tuple[TrunkConfig, ...]:
     """Validate the ``trunks`` array of tables; ConfigError says where a mistake is."""
-    from sip_bridge.config import ConfigError  # config imports us: a late import
 
     def fail(index: int, key: str | None, message: str) -> ConfigError:
         dotted = f"trunks[{index + 1}]" + (f".{key}" if key else "")

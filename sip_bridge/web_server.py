@@ -34,7 +34,7 @@ from aiohttp import web
 from agent.base import AgentEvent, DeadAir, ModelFault, SayText, TurnCompleted
 from sip_bridge.agents import profile_name, take_over
 from sip_bridge.call_events import Command, Hangup, Say, Transfer
-from sip_bridge.call_telemetry import CallFacts
+from sip_bridge.call_telemetry import CallFacts, turn_total_ms
 from sip_bridge.config_types import (
     AgentConfig,
     ConfigError,
@@ -43,14 +43,14 @@ from sip_bridge.config_types import (
     loopback_host,
     parse_hostport,
 )
-from sip_bridge.console_view import live_calls, talk_profiles, turn_total_ms
+from sip_bridge.console_view import live_calls, talk_profiles
 from sip_bridge.operator_view import apply_command
 from sip_bridge.records import RecordsError
 from sip_bridge.web_access import Access, bearer, error, same_origin
 from sip_bridge.webrtc_leg import BrowserSession, ice_hosts
 
 if TYPE_CHECKING:
-    from sip_bridge.server import BridgeServer
+    from sip_bridge.bridge_surface import Bridge
 
 __all__ = ["PageTokens", "WebServer"]
 
@@ -103,7 +103,7 @@ class _Leg(NamedTuple):
 class WebServer:
     """Serves the pages and APIs on ``[http] listen`` for one :class:`BridgeServer`."""
 
-    def __init__(self, bridge: BridgeServer) -> None:
+    def __init__(self, bridge: Bridge) -> None:
         self.bridge = bridge
         cfg = bridge.config.http
         problem = exposure_problem(cfg)  # the config refuses it too: this is the last word

@@ -49,7 +49,7 @@ from agent.base import (
     fade_out_gain,
 )
 from resample import Resampler
-from sip_bridge.console_view import turn_total_ms
+from sip_bridge.call_telemetry import turn_total_ms
 from sip_bridge.logs import CALL_ID
 
 __all__ = [

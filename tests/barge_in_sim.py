@@ -26,7 +26,8 @@ from line_echo import LineEcho, active_level_dbfs, g711, line_noise
 from numpy.typing import NDArray
 
 from agent.base import CallInfo, SayText
-from agent.profile import AgentProfile, load_profile
+from agent.profile import AgentProfile
+from agent.profile_loader import load_profile
 from agent.voice import VoiceAgent, VoiceSettings
 from agent.voice_models import VoiceModels
 from agent.voice_settings import ModelSettings

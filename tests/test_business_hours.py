@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agent.business_hours import parse_hours
-from agent.profile import ProfileError, load_profile
+from agent.profile import ProfileError
+from agent.profile_loader import load_profile
 from agent.voice import VoiceAgent
 from sip_bridge import agents
 from sip_bridge.config import DEMO_PROFILE, BridgeConfig

@@ -35,8 +35,8 @@ from sipp_media import random_port_range
 from wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 from agent.dialogue import digit_runs
-from agent.profile import normalize
 from agent.voice import VoiceAgent
+from agent.words import normalize
 from resample import Resampler
 from sip_bridge import logs
 from sip_bridge.agents import make_agent, prepare_agents

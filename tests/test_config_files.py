@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.profile import load_profile
+from agent.profile_loader import load_profile
 from sip_bridge import config as c
 from sip_bridge.cli import main as cli_main
 from sip_bridge.config import ConfigError, ControlConfig, load_config

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from sip_bridge.call_telemetry import turn_total_ms
 from sip_bridge.config import BridgeConfig
-from sip_bridge.console_view import talk_profiles, turn_total_ms
+from sip_bridge.console_view import talk_profiles
 from sip_bridge.routes import RouteConfig
 
 ROOT = Path(__file__).resolve().parents[1]

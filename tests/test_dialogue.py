@@ -19,7 +19,8 @@ from agent.dialogue import (
     digit_runs,
     yes_no,
 )
-from agent.profile import load_profile, normalize
+from agent.profile_loader import load_profile
+from agent.words import normalize
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = load_profile(ROOT / "config" / "agents" / "demo.toml")

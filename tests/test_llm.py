@@ -15,7 +15,8 @@ import pytest
 
 from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, Transfer
 from agent.llm import LlmClient, LlmError
-from agent.profile import AgentProfile, load_profile
+from agent.profile import AgentProfile
+from agent.profile_loader import load_profile
 
 FALLBACK = "Sorry, I didn't catch that."
 PROFILE = """\

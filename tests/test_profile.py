@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.profile import ProfileError, load_profile, parse_template
+from agent.profile import ProfileError, parse_template
+from agent.profile_loader import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "agents" / "demo.toml"

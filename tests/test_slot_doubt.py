@@ -11,7 +11,8 @@ import pytest
 from dialogue_turns import said
 
 from agent.dialogue import DialogueEngine
-from agent.profile import ProfileError, load_profile
+from agent.profile import ProfileError
+from agent.profile_loader import load_profile
 from agent.transcript import Transcript, confidence_of, joined
 
 TODAY = dt.date(2026, 11, 25)  # a Wednesday

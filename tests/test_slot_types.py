@@ -12,7 +12,8 @@ from dialogue_turns import said
 
 from agent.dialogue import DialogueEngine, ReplyPart, Say
 from agent.formatters import apply, date_spoken, ordinal, time_spoken
-from agent.profile import load_profile, normalize, parse_template
+from agent.profile import parse_template
+from agent.profile_loader import load_profile
 from agent.slot_values import (
     Heard,
     date_from_keys,
@@ -22,6 +23,7 @@ from agent.slot_values import (
     read_time,
     time_from_keys,
 )
+from agent.words import normalize
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOKING = load_profile(ROOT / "config" / "agents" / "booking.toml")

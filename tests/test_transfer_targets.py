@@ -17,7 +17,8 @@ from test_sipp_refer import TransferringAgent
 
 from agent.base import Agent, TransferResult
 from agent.dialogue import DialogueEngine, Transfer
-from agent.profile import ProfileError, load_profile
+from agent.profile import ProfileError
+from agent.profile_loader import load_profile
 from agent.transfer_target import target_problem
 from sip_bridge.call_telemetry import CallTelemetry
 from sip_bridge.caller import CallOptions, place_call

@@ -36,7 +36,8 @@ from agent.base import (
     TransferResult,
     TurnCompleted,
 )
-from agent.profile import Filler, load_profile
+from agent.profile import Filler
+from agent.profile_loader import load_profile
 from agent.sentences import split_sentences
 from agent.voice import VoiceAgent, VoiceSettings
 from agent.voice_models import FIRST_WORDS
