@@ -1,3 +1,6 @@
+# size: one class, the call the media clock drives (media_clock.ClockedCall); its receive, send,
+#       DTMF and update paths share the call's state, and kept apart they reached into each other
+#       (media_update.py was folded back in)
 """One call's media: an RTP socket, the receive chain into the agent, the paced send chain.
 
 Its decisions live in small sans-I/O pieces (datagrams and a clock in, decisions out),
@@ -29,16 +32,24 @@ from collections.abc import Callable
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.base import Agent, AgentEvent, CallInfo, DtmfEvent, HangupEvent
+from agent.base import (
+    FADE_MS,
+    Agent,
+    AgentEvent,
+    AgentOutput,
+    CallInfo,
+    DtmfEvent,
+    HangupEvent,
+    fade_out_gain,
+)
 from jitter import JitterBuffer, PlayoutBuffer
 from resample import Resampler
 from sip_bridge.call_recording import StereoRecorder
-from sip_bridge.dtmf import DtmfDigit, DtmfReceiver
+from sip_bridge.dtmf import DtmfDigit, DtmfOutbox, DtmfReceiver
 from sip_bridge.logs import CALL_ID
-from sip_bridge.media_clock import TICK_S, MediaClock, media_clock
+from sip_bridge.media_clock import TICK_S, ClockedCall, MediaClock, TxFrame, media_clock
 from sip_bridge.media_io import (
     AudioRtpSender,
-    MediaOutput,
     MediaSocket,
     PolledSocket,
     RtpLease,
@@ -47,7 +58,6 @@ from sip_bridge.media_io import (
 )
 from sip_bridge.media_params import MediaParams, MediaStats, delay_figures
 from sip_bridge.media_rtcp import RtcpLink, RtcpPeerStats, bind_rtcp
-from sip_bridge.media_update import apply_update, describe_chain, dtmf_outbox, queue_dtmf
 from sip_bridge.pacer import Pacer, next_tick
 from sip_bridge.rtcp import NTP_UNIX_OFFSET
 from sip_bridge.rtcp_session import RtcpSession
@@ -68,15 +78,11 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: An audio frame a call's send tick left for the clock to encode: (call, frame, dest).
-TxFrame = tuple["CallMedia", NDArray[np.int16], tuple[str, int]]
-
-
 _LEAD_FRAMES = 10  # a talkspurt's send phase may move earlier during its first frames only
 _POP_LAG_S = 0.0002  # float slack: a pop on the grid point at due_s is not before it
 
 
-class CallMedia:
+class CallMedia(ClockedCall):
     """One call's RTP leg and media chain, from ``await start()`` to ``await close()``."""
 
     def __init__(
@@ -119,12 +125,12 @@ class CallMedia:
         self.rtcp: RtcpLink | None = None  # from start()
         self._rtcp_transport: asyncio.DatagramTransport | None = None
         rate = agent.sample_rate
-        self._up = Resampler(RATE, rate) if rate != RATE else None
-        self._down = Resampler(rate, RATE) if rate != RATE else None
+        self.up = Resampler(RATE, rate) if rate != RATE else None
+        self.down = Resampler(rate, RATE) if rate != RATE else None
         self.playout = PlayoutBuffer(RATE, params.ptime_ms, max_ms=params.max_queue_ms)
         self.pacer = Pacer(params.ptime_ms / 1000.0)
         self.sender = AudioRtpSender(params.payload_type)
-        self.dtmf_out = dtmf_outbox(self, params)
+        self.dtmf_out = self._dtmf_outbox(params)
         self.output = MediaOutput(self)
         self.send_errors = 0
         self.agent_errors = 0
@@ -133,14 +139,14 @@ class CallMedia:
         if lease is not None:
             lease.protocol.media = self
         self._clock: MediaClock | None = None  # from start() to close()
-        self._sock: MediaSocket | None = None  # the RTP socket, read by the clock
+        self.sock: MediaSocket | None = None  # the RTP socket, read by the clock
         self._frame_s = params.ptime_ms / 1000.0
-        self._rx_t = 0.0  # when the jitter buffer is next popped (see next_tick)
+        self.rx_due = 0.0  # when the jitter buffer is next popped (see next_tick)
         self._agent_step = rate * params.ptime_ms // 1000  # agent samples per frame
         self._pending: list[NDArray[np.int16]] = []  # agent audio not yet downsampled
         self._pending_samples = 0
         self._talking = False
-        self._wake_pending = False  # a talkspurt waits for the clock (not started, DTMF)
+        self.wake_pending = False  # a talkspurt waits for the clock (not started, DTMF)
         self._spurt_t: float | None = None  # when the waiting talkspurt's audio was written
         self._spurt_go = False  # the frame being sent starts a talkspurt
         self._spurt_pkt = 0  # packets sent before the talkspurt began
@@ -148,13 +154,28 @@ class CallMedia:
         self.hold_s = TICK_S  # how far a frame may wait for its pop: the clock's tick
         self.first_frame_delays: deque[float] = deque(maxlen=1000)  # s, write -> sendto
         self._pop_wait = [0.0, 0]  # sum of (pop time - due_s) in seconds, pops counted
-        self._closed = False
+        self.closed = False
 
     # -- description and stats --------------------------------------------------------------
 
     def describe(self) -> str:
-        """The chain as one line, built from the configured stages."""
-        return describe_chain(self)
+        """The chain as one line, built from the configured stages in the order the code
+        runs them: each packet is decoded as it arrives (``rtp_receiver``) and the jitter
+        buffer holds audio; each frame is encoded as it leaves the paced playout buffer."""
+        p = self.params
+        codec = self.codec.name
+        stages = [
+            "RTP in",
+            f"G711Decode({codec})",
+            f"JitterBuffer(adaptive {p.jitter_min_ms:g}..{p.jitter_max_ms:g} ms)",
+        ]
+        if self.up is not None:
+            stages.append(f"Resample({_khz(self.up.in_rate)}->{_khz(self.up.out_rate)})")
+        stages.append(f"Agent({self.agent.name})")
+        if self.down is not None:
+            stages.append(f"Resample({_khz(self.down.in_rate)}->{_khz(self.down.out_rate)})")
+        stages += [f"Pacer({self.playout.frame_ms} ms)", f"G711Encode({codec})", "RTP out"]
+        return " -> ".join(stages)
 
     @property
     def local_port(self) -> int:
@@ -173,7 +194,7 @@ class CallMedia:
             dtmf_digits_sent=self.dtmf_out.sent_digits if self.dtmf_out is not None else 0,
             packets_out=self.sender.packet_count,
             octets_out=self.sender.octet_count,
-            send_errors=self.send_errors + (self._sock.send_errors if self._sock else 0),
+            send_errors=self.send_errors + (self.sock.send_errors if self.sock else 0),
             jitter=self.jb.stats,
             playout_underrun_frames=self.playout.underrun_frames,
             playout_queued_ms=self.playout.queued_ms,
@@ -222,32 +243,69 @@ class CallMedia:
         except BaseException:
             self._close_sockets()
             raise
-        self._sock = PolledSocket(self._lease.transport)
+        self.sock = PolledSocket(self._lease.transport)
         self._clock = media_clock()
         t0 = self._clock.add(self)
-        self._rx_t = t0
+        self.rx_due = t0
         self.pacer.start(t0)
-        if self._wake_pending:  # the agent spoke in start(): now it can go out
+        if self.wake_pending:  # the agent spoke in start(): now it can go out
             self._start_talkspurt()
         return self._lease.port
 
     def _close_sockets(self) -> None:
-        if self._sock is not None:
-            self._sock.close()
+        if self.sock is not None:
+            self.sock.close()
         if self._rtcp_transport is not None:
             self._rtcp_transport.close()
         if self._lease is not None:
             self._lease.close()
 
     def update(self, params: MediaParams) -> None:
-        """Apply a re-INVITE/UPDATE's outcome mid-call (see :func:`apply_update`)."""
-        apply_update(self, params)
+        """Apply a re-INVITE/UPDATE's outcome mid-call: address, codec, direction, RTCP.
+
+        The packet clock cannot change under a running pacer, so a new ptime is refused
+        (ValueError) and nothing is applied; the call keeps its current media.
+        """
+        old = self.params
+        if params.ptime_ms != old.ptime_ms:
+            raise ValueError(f"ptime change {old.ptime_ms} -> {params.ptime_ms} ms unsupported")
+        r = self.receiver
+        if params.payload_type != old.payload_type:
+            self.codec = CODECS[params.payload_type]
+            r.codec, r.payload_type = self.codec, params.payload_type
+            self.sender.payload_type = params.payload_type
+        if params.telephone_event_pt != old.telephone_event_pt:
+            pt = params.telephone_event_pt
+            r.dtmf = None if pt is None else DtmfReceiver(pt, RATE)
+        if params.dtmf_send_pt != old.dtmf_send_pt and (
+            self.dtmf_out is None or not self.dtmf_out.playing
+        ):
+            self.dtmf_out = self._dtmf_outbox(params)
+        remote = addr_key(params.remote_host, params.remote_port)
+        moved = remote != addr_key(old.remote_host, old.remote_port)
+        if moved or params.latch != old.latch:
+            r.remote = r.signalled = remote
+            r.latch, r.latched = params.latch, False  # re-latch on the new stream
+        if self.rtcp is not None and (
+            moved or params.rtcp_remote != old.rtcp_remote or params.rtcp_mux != old.rtcp_mux
+        ):
+            self.rtcp.retarget(params.rtcp_remote, mux=params.rtcp_mux, latch=params.latch)
+        if params.send and not old.send:
+            self.sender.start_talkspurt()  # resuming after hold: marker bit
+        self.params = params
+        log.info("media updated: remote %s, send %s, receive %s", r.remote, params.send,
+                 params.receive)  # fmt: skip
+
+    def _dtmf_outbox(self, p: MediaParams) -> DtmfOutbox | None:
+        """The call's RFC 4733 sender for ``p``; None when telephone-event is not negotiated."""
+        pt = p.dtmf_send_pt
+        return None if pt is None else DtmfOutbox.on(self.sender, pt, RATE, p.ptime_ms)
 
     async def close(self, reason: str = "") -> None:
         """Leave the clock, tell the agent the call is over, free the port (idempotent)."""
-        if self._closed:
+        if self.closed:
             return
-        self._closed = True
+        self.closed = True
         started = self._clock is not None
         if self._clock is not None:
             self._clock.remove(self)
@@ -255,8 +313,8 @@ class CallMedia:
             self._send_rtcp(self.rtcp.bye(asyncio.get_running_loop().time(), reason or None))
         if self._rtcp_transport is not None:
             self._rtcp_transport.close()
-        if self._sock is not None:
-            self._sock.close()
+        if self.sock is not None:
+            self.sock.close()
         if self.receiver.dtmf is not None:
             self._deliver_digits(self.receiver.dtmf.flush())
         try:
@@ -268,8 +326,8 @@ class CallMedia:
 
     # -- receive path -----------------------------------------------------------------------
 
-    def _on_datagram(self, data: bytes, addr: tuple[str, int], now: float | None = None) -> None:
-        if self._closed:
+    def on_datagram(self, data: bytes, addr: tuple[str, int], now: float | None = None) -> None:
+        if self.closed:
             return
         if now is None:
             now = asyncio.get_running_loop().time()
@@ -316,14 +374,14 @@ class CallMedia:
 
     # -- the clock's stages (see sip_bridge.media_clock) -------------------------------------
 
-    def _rx_pop(self) -> NDArray[np.int16]:
-        """One frame for the tick at ``_rx_t`` (silence too, so samples are a clock)."""
-        t = self._rx_t
+    def rx_pop(self) -> NDArray[np.int16]:
+        """One frame for the tick at ``rx_due`` (silence too, so samples are a clock)."""
+        t = self.rx_due
         clock = self._clock
         now = clock.loop.time() if clock is not None else t
-        if self._sock is not None and clock is not None and clock.poller is None:
-            for data, addr, arrival in self._sock.drain(now):
-                self._on_datagram(data, addr, arrival)
+        if self.sock is not None and clock is not None and clock.poller is None:
+            for data, addr, arrival in self.sock.drain(now):
+                self.on_datagram(data, addr, arrival)
         if now - t > 1.0:
             t = now  # the loop stalled for a second: do not replay every missed tick
         jb = self.jb
@@ -336,7 +394,7 @@ class CallMedia:
         # Pops happen on the first wake-up at or after _rx_t: keep it on the grid, so the
         # buffer is told when it really pops, and no lag adds to the grid's own 0..5 ms.
         nxt = next_tick(t, self._frame_s, jb.due_s, lag_s=_POP_LAG_S)
-        self._rx_t = clock.grid_at_or_after(nxt) if clock is not None else nxt
+        self.rx_due = clock.grid_at_or_after(nxt) if clock is not None else nxt
         if self.recorder is not None:
             self.recorder.caller(frame)
         return frame
@@ -351,8 +409,8 @@ class CallMedia:
         pending_ms = 1000.0 * self._pending_samples / self.agent.sample_rate
         self._pending.clear()
         self._pending_samples = 0
-        if self._down is not None:
-            self._down.reset()
+        if self.down is not None:
+            self.down.reset()
         if self.dtmf_out is not None:
             self.dtmf_out.clear()
         self._spurt_t = None
@@ -361,7 +419,7 @@ class CallMedia:
     def _drain_upto(self, samples: int) -> None:
         """Move pending agent audio into the playout buffer until it holds ``samples``
         (only what a fade needs: resampling seconds of a reply to drop them is waste)."""
-        down, step = self._down, self._agent_step
+        down, step = self.down, self._agent_step
         while self._pending and self.playout.queued_samples < samples:
             a = self._pending.pop(0)
             self._pending_samples -= a.size
@@ -371,7 +429,7 @@ class CallMedia:
             for i in range(0, a.size, step):
                 self.playout.write(down.process(a[i : i + step]))
 
-    def _rx_deliver(self, pcm: NDArray[np.int16]) -> None:
+    def rx_deliver(self, pcm: NDArray[np.int16]) -> None:
         # what the agent logs, and the tasks it starts (a reply), are this call's
         token = CALL_ID.set(self.call.call_id)
         try:
@@ -408,21 +466,34 @@ class CallMedia:
         gives playout pacing 1 ms. The call's grid restarts on the clock's grid next to it
         (:meth:`MediaClock.grid_after_write`), so the rest follows 20 ms apart."""
         clock = self._clock
-        if clock is None or self._closed or (self.dtmf_out is not None and self.dtmf_out.busy):
-            self._wake_pending = True  # the clock (or start()) sends it when it can
+        if clock is None or self.closed or (self.dtmf_out is not None and self.dtmf_out.busy):
+            self.wake_pending = True  # the clock (or start()) sends it when it can
             return
-        self._wake_pending = False
+        self.wake_pending = False
         now = clock.loop.time()
-        self._drain_one()
+        self.drain_pending()
         g = clock.grid_after_write(now, self.playout.queued_samples >= 2 * self.frame_samples)
         self.pacer.rephase(g)
-        self._tx_tick(g, max(now, g))
+        self.tx_tick(g, max(now, g))
 
-    def _drain_one(self) -> None:
+    def pending_frame(self) -> NDArray[np.int16] | None:
+        p = self._pending
+        if len(p) == 1 and p[0].size == self._agent_step and self.down is not None:
+            return p[0]
+        return None
+
+    def take_downsampled(self, frame: NDArray[np.int16]) -> None:
+        self._pending.clear()
+        self._pending_samples = 0
+        self.playout.write(frame, copy=False)  # a row of a fresh array: ours alone
+
+    def drain_pending(self) -> None:
         """Pending agent audio into the playout buffer, one frame at a time: the
         resampler's fast path is keyed on the chunk length, and a long TTS burst as one
         chunk costs milliseconds to seconds (measured)."""
-        down, step = self._down, self._agent_step
+        if not self._pending:
+            return
+        down, step = self.down, self._agent_step
         for a in self._pending:
             if down is None:
                 self.playout.write(a)
@@ -432,14 +503,14 @@ class CallMedia:
         self._pending.clear()
         self._pending_samples = 0
 
-    def _tx_tick(self, t: float, now: float, batch: list[TxFrame] | None = None) -> bool:
+    def tx_tick(self, t: float, now: float, batch: list[TxFrame] | None = None) -> bool:
         """Send the frames due at grid time ``t`` (``now`` >= t); audio frames go into
-        ``batch`` for the clock to encode for all calls at once (:meth:`_send_audio`).
+        ``batch`` for the clock to encode for all calls at once (:meth:`send_audio`).
         False: the frame is held for the receive pop that produces it (:meth:`_holds`)."""
         if self.dtmf_out is not None and self.dtmf_out.busy:
             batch = None  # event packets hold sequence numbers: send strictly in order
-        elif self._wake_pending and not self._talking:
-            self._wake_pending = False  # a talkspurt that could not start in the write
+        elif self.wake_pending and not self._talking:
+            self.wake_pending = False  # a talkspurt that could not start in the write
             if self._queued() >= self.frame_samples:
                 self.pacer.rephase(t)
         elif self._holds(t, now):
@@ -462,7 +533,7 @@ class CallMedia:
             self._send_frame(dest, now, batch)
         return True
 
-    def _after_pop(self, t: float) -> None:
+    def after_pop(self, t: float) -> None:
         """After a pop at grid time t, early in a talkspurt: a frame it wrote goes out on the
         next tick. Why: the pops settle onto the peer's packets (the jitter buffer's due_s)
         after the talkspurt began; the send phase follows them earlier. Only early on: each
@@ -493,11 +564,11 @@ class CallMedia:
         if not self._talking or self._queued() >= self.frame_samples:
             return False
         d = self.pacer.next_deadline
-        if self._rx_t <= now + 1e-6:  # the pop is due: it comes on this tick or a next one
+        if self.rx_due <= now + 1e-6:  # the pop is due: it comes on this tick or a next one
             return t < d + self._frame_s - self.hold_s + 1e-6
-        return t < d + self.hold_s - 1e-6 and self._rx_t <= t + self.hold_s + 1e-6
+        return t < d + self.hold_s - 1e-6 and self.rx_due <= t + self.hold_s + 1e-6
 
-    def _rtcp_tick(self, now: float) -> None:
+    def rtcp_tick(self, now: float) -> None:
         if self.rtcp is not None and now >= self.rtcp.session.next_report_time():
             data = self.rtcp.due(now)
             if data is not None:
@@ -510,7 +581,7 @@ class CallMedia:
         if out is not None and out.busy:
             data = out.next_packet()
             if data is not None:  # an event packet takes this slot; audio waits
-                self._send_datagram(data, dest, now, 4)
+                self._send_rtp(data, dest, now, 4, int.from_bytes(data[4:8], "big"))
                 if self.recorder is not None:
                     self.recorder.agent_silence(self.frame_samples)
                 return
@@ -531,34 +602,28 @@ class CallMedia:
         if batch is not None:
             batch.append((self, frame, dest))
         else:
-            self._send_audio(self.codec.encode(frame).tobytes(), dest, now)
+            self.send_audio(self.codec.encode(frame).tobytes(), dest, now)
 
-    def _send_audio(self, payload: bytes, dest: tuple[str, int], now: float) -> None:
+    def send_audio(self, payload: bytes, dest: tuple[str, int], now: float) -> None:
         sender = self.sender
         ts = sender.timestamp  # what the packet carries (no need to parse it back)
-        data = sender.next_packet(payload, self.frame_samples)
-        if self.params.send:  # what _send_datagram does, for the packet sent every frame
-            assert self._sock is not None
-            if self.srtp is None:
-                self._sock.sendto(data, dest)
-            else:
-                self.srtp.send(self._sock, data, dest)
-            if self.rtcp is not None:
-                self.rtcp.session.on_rtp_sent(len(data), len(payload), ts, now)
+        self._send_rtp(sender.next_packet(payload, self.frame_samples), dest, now, len(payload), ts)
         if self._spurt_go and self._spurt_t is not None:
             self.first_frame_delays.append(time.monotonic() - self._spurt_t)
             self._spurt_go, self._spurt_t = False, None
 
-    def _send_datagram(self, data: bytes, dest: tuple[str, int], now: float, size: int) -> None:
+    def _send_rtp(self, data: bytes, dest: tuple[str, int], now: float, size: int, ts: int) -> None:
+        """One RTP packet out, SRTP-protected on an SRTP call, counted for RTCP (``size``:
+        its payload octets, ``ts``: its timestamp); nothing while the peer holds us."""
         if not self.params.send:
             return
-        assert self._sock is not None
+        sock = self.sock
+        assert sock is not None
         if self.srtp is None:
-            self._sock.sendto(data, dest)
+            sock.sendto(data, dest)
         else:
-            self.srtp.send(self._sock, data, dest)
+            self.srtp.send(sock, data, dest)
         if self.rtcp is not None:
-            ts = int.from_bytes(data[4:8], "big")
             self.rtcp.session.on_rtp_sent(len(data), size, ts, now)
 
     def send_dtmf(self, digits: str) -> None:
@@ -569,7 +634,14 @@ class CallMedia:
         signalling side may send it another way (SIP INFO). ValueError for a non-DTMF
         character (nothing queued).
         """
-        queue_dtmf(self, digits)
+        if self.dtmf_out is not None:
+            self.dtmf_out.add(digits)
+            return
+        DtmfOutbox.check(digits)
+        log.warning("peer did not negotiate telephone-event: DTMF %r not sent in-band", digits)
+        if self.on_agent_event is not None:
+            for d in digits:
+                self.on_agent_event(DtmfEvent(d.upper()))
 
     # -- RTCP -------------------------------------------------------------------------------
 
@@ -581,10 +653,47 @@ class CallMedia:
             if protected is None:
                 return
             data = protected
-        send = self._sock.sendto if self._sock is not None else self._lease.transport.sendto
+        send = self.sock.sendto if self.sock is not None else self._lease.transport.sendto
         if link.mux:
             send(data, self.receiver.remote)
         elif self._rtcp_transport is not None:
             self._rtcp_transport.sendto(data, link.remote)
         else:
             send(data, link.remote)
+
+
+class MediaOutput(AgentOutput):
+    """The agent's output into one call's send chain."""
+
+    def __init__(self, media: CallMedia) -> None:
+        self._media = media
+
+    def write(self, pcm: NDArray[np.int16]) -> None:
+        self._media._write(pcm)
+
+    def flush(self) -> float:
+        return self._media._flush()
+
+    def fade_out(self, ms: float = FADE_MS) -> float:
+        rate = self._media.playout.rate
+        return self._media._flush(fade_out_gain(round(rate * ms / 1000)))
+
+    def queued_ms(self) -> float:
+        return 1000.0 * self._media._queued() / self._media.playout.rate
+
+    def send_dtmf(self, digits: str) -> None:
+        self._media.send_dtmf(digits)
+
+    def hangup(self, reason: str = "") -> None:
+        self.emit(HangupEvent(reason))
+
+    def emit(self, event: AgentEvent) -> None:
+        m = self._media
+        if isinstance(event, HangupEvent) and m.hangup_requested is None:
+            m.hangup_requested = event.reason
+        if m.on_agent_event is not None:
+            m.on_agent_event(event)
+
+
+def _khz(rate: int) -> str:
+    return f"{rate / 1000:g}k"

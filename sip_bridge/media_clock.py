@@ -12,7 +12,7 @@ sleeps never accumulate) and, per wake-up, in this order:
    restarts on the grid (:meth:`grid_after_write`). A frame written by a receive pop (an
    echo answers each pop) goes out on the next tick's send phase: a call's send phase
    follows its pops later (``CallMedia._holds``) and, early in a talkspurt, earlier
-   (``CallMedia._after_pop``), so a stream written frame by frame does not underrun.
+   (``CallMedia.after_pop``), so a stream written frame by frame does not underrun.
 2. read: one ``epoll_wait`` over every call's RTP socket, then the queued datagrams, with
    their kernel arrival stamps (:class:`~sip_bridge.media_io.PolledSocket`).
 3. receive: each call's jitter buffer is popped at the call's own tick time, which follows
@@ -35,19 +35,18 @@ import math
 import select
 import time
 import weakref
-from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import NDArray
 
+from resample import Resampler
 from resample.batch import process_many
 from sip_bridge.logs import neutral_context
-from sip_bridge.media_io import realtime_offset
+from sip_bridge.media_io import MediaSocket, realtime_offset
+from sip_bridge.pacer import Pacer
+from sip_bridge.rtp_receiver import Codec
 
-if TYPE_CHECKING:
-    from sip_bridge.media import CallMedia, TxFrame
-
-__all__ = ["MediaClock", "media_clock"]
+__all__ = ["ClockedCall", "MediaClock", "TxFrame", "media_clock"]
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +59,73 @@ _RX_CHUNK = 8  # datagrams read between two checks of the budget
 # has a fixed cost (~25 us), so batches of 8 cost more per call; 16 calls' pops take
 # ~0.5 ms, so a batch overruns the budget by little (sends of the next tick stay on time).
 _RX_BATCH = 16
+
+
+class ClockedCall:
+    """What the clock drives in each call, and all it may touch of one:
+    :class:`sip_bridge.media.CallMedia` implements it. A base class rather than a
+    ``Protocol``: the compiled media path calls these through a native vtable.
+
+    Per wake-up the clock sends (:meth:`drain_pending` or, batched across calls,
+    :meth:`pending_frame` and :meth:`take_downsampled`; then :meth:`tx_tick`, whose audio
+    frames it encodes in one batch and hands back to :meth:`send_audio`; then
+    :meth:`rtcp_tick`), reads (:meth:`on_datagram` for each datagram on :attr:`sock`) and
+    receives (:meth:`rx_pop` when :attr:`rx_due` has come, upsampled by :attr:`up` in a
+    batch, :meth:`rx_deliver`, :meth:`after_pop`)."""
+
+    pacer: Pacer  # its send deadlines (next_deadline)
+    codec: Codec  # what its frames are encoded with
+    sock: MediaSocket | None  # its RTP socket, read by the clock
+    closed: bool
+    wake_pending: bool  # a talkspurt waits for the clock
+    rx_due: float  # when its jitter buffer is next popped (on the clock's grid)
+    up: Resampler | None  # 8 kHz -> the agent's rate (None: the agent runs at 8 kHz)
+    down: Resampler | None  # the agent's rate -> 8 kHz
+
+    def on_datagram(self, data: bytes, addr: tuple[str, int], now: float | None = None) -> None:
+        """A datagram read from :attr:`sock`, with its arrival time."""
+        raise NotImplementedError
+
+    def rx_pop(self) -> NDArray[np.int16]:
+        """The jitter buffer's frame for the tick at :attr:`rx_due` (8 kHz)."""
+        raise NotImplementedError
+
+    def rx_deliver(self, pcm: NDArray[np.int16]) -> None:
+        """That frame at the agent's rate, to the agent."""
+        raise NotImplementedError
+
+    def after_pop(self, t: float) -> None:
+        """After the pop at grid time ``t``: the send phase may follow it."""
+        raise NotImplementedError
+
+    def pending_frame(self) -> NDArray[np.int16] | None:
+        """The agent's audio waiting to be downsampled when it is exactly one frame (the
+        clock downsamples those for every call in one batch); None: anything else."""
+        raise NotImplementedError
+
+    def take_downsampled(self, frame: NDArray[np.int16]) -> None:
+        """:meth:`pending_frame`, downsampled by the clock's batch: queue it to send."""
+        raise NotImplementedError
+
+    def drain_pending(self) -> None:
+        """Downsample whatever the agent wrote, here, frame by frame."""
+        raise NotImplementedError
+
+    def tx_tick(self, t: float, now: float, batch: list[TxFrame] | None = None) -> bool:
+        """Send what is due at grid time ``t``; audio frames go into ``batch``."""
+        raise NotImplementedError
+
+    def send_audio(self, payload: bytes, dest: tuple[str, int], now: float) -> None:
+        """A frame of ``batch``, encoded: packetise and send it."""
+        raise NotImplementedError
+
+    def rtcp_tick(self, now: float) -> None:
+        """Send an RTCP report if one is due."""
+        raise NotImplementedError
+
+
+#: An audio frame a call's send tick left for the clock to encode: (call, frame, dest).
+TxFrame = tuple[ClockedCall, NDArray[np.int16], tuple[str, int]]
 
 _clocks: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, MediaClock] = (
     weakref.WeakKeyDictionary()
@@ -81,7 +147,7 @@ class MediaClock:
     def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float = TICK_S) -> None:
         self.loop = loop
         self.tick_s = tick_s
-        self.members: dict[int, CallMedia] = {}  # id -> call, in join order
+        self.members: dict[int, ClockedCall] = {}  # id -> call, in join order
         self._origin = 0.0
         self._j = 0  # index of the next grid point
         self._handle: asyncio.TimerHandle | None = None
@@ -91,7 +157,7 @@ class MediaClock:
         # Calls' RTP sockets, polled once per tick for all calls (one epoll_wait instead of
         # an empty read per call); without epoll each call drains its own socket.
         self.poller = select.epoll() if hasattr(select, "epoll") else None
-        self._by_fd: dict[int, CallMedia] = {}
+        self._by_fd: dict[int, ClockedCall] = {}
         self.rx_deferred = 0  # ticks that left receive work to the next one
         self.receiving = False  # inside a tick's receive pops
         self._reads_cut = 0  # ticks in a row whose reads ran out of budget (2: no budget)
@@ -119,7 +185,7 @@ class MediaClock:
 
     # -- membership -------------------------------------------------------------------------
 
-    def add(self, media: CallMedia) -> float:
+    def add(self, media: ClockedCall) -> float:
         """Join; returns the grid time the call's clocks start from."""
         if self._handle is None:
             self._origin = self.loop.time()
@@ -127,16 +193,16 @@ class MediaClock:
             # every call's tick: not in the context (call id) of the call that started it
             self._handle = self.loop.call_at(self._origin, self._tick, context=neutral_context())
         self.members[id(media)] = media
-        if self.poller is not None and media._sock is not None:
-            fd = media._sock.fileno()
+        if self.poller is not None and media.sock is not None:
+            fd = media.sock.fileno()
             self.poller.register(fd, select.EPOLLIN)
             self._by_fd[fd] = media
         return self.grid_at_or_after(self.loop.time())
 
-    def remove(self, media: CallMedia) -> None:
+    def remove(self, media: ClockedCall) -> None:
         self.members.pop(id(media), None)
-        if self.poller is not None and media._sock is not None:
-            fd = media._sock.fileno()
+        if self.poller is not None and media.sock is not None:
+            fd = media.sock.fileno()
             if self._by_fd.pop(fd, None) is not None:
                 self.poller.unregister(fd)
         if not self.members and self._handle is not None:
@@ -170,19 +236,19 @@ class MediaClock:
         g = t + math.floor((now - t) / self.tick_s + _EPS) * self.tick_s  # latest grid <= now
         edge = now + _EPS
         sending = [
-            m for m in calls if (m.pacer.next_deadline <= edge or m._wake_pending) and not m._closed
+            m for m in calls if (m.pacer.next_deadline <= edge or m.wake_pending) and not m.closed
         ]
         if sending:
             _send(sending, g, now)
             for m in sending:
-                m._rtcp_tick(now)
+                m.rtcp_tick(now)
         self.receiving = True  # a talkspurt an agent starts in a pop: see grid_after_write
         try:
             self._receive_all(calls, now, g, time.perf_counter() + self.rx_budget_s)
         finally:
             self.receiving = False
 
-    def _receive_all(self, calls: list[CallMedia], now: float, g: float, end: float) -> None:
+    def _receive_all(self, calls: list[ClockedCall], now: float, g: float, end: float) -> None:
         # Receiving has a time budget per tick: its sends must not be late behind a burst of
         # arrivals (one peer often sends every call's packet at once). What is left waits
         # for the next tick: unread datagrams keep their kernel arrival stamps, and a later
@@ -194,7 +260,7 @@ class MediaClock:
             return  # a due call's packet may still be unread: no pops before it is read
         self._reads_cut = 0
         for _ in range(_MAX_CATCH_UP):
-            due = [m for m in calls if m._rx_t <= now + _EPS and not m._closed]
+            due = [m for m in calls if m.rx_due <= now + _EPS and not m.closed]
             if not due:
                 break
             due.sort(key=_rx_time)  # the longest waiting first
@@ -202,13 +268,13 @@ class MediaClock:
                 chunk = due[i : i + _RX_BATCH]
                 _receive(chunk)
                 for m in chunk:
-                    m._after_pop(g)
+                    m.after_pop(g)
                 if time.perf_counter() > end:
                     self.rx_deferred += 1
                     return
             # Only a call just popped can be due again (catch-up after a stall): scan all
             # calls again only then.
-            if not any(m._rx_t <= now + _EPS for m in due):
+            if not any(m.rx_due <= now + _EPS for m in due):
                 break
 
     def _read_ready(self, now: float, end: float) -> bool:
@@ -225,10 +291,10 @@ class MediaClock:
                 return True
             for i, (fd, _) in enumerate(events, 1):
                 m = by_fd.get(fd)
-                if m is not None and m._sock is not None and not m._closed:
-                    d = m._sock.read(now, offset)
+                if m is not None and m.sock is not None and not m.closed:
+                    d = m.sock.read(now, offset)
                     if d is not None:
-                        m._on_datagram(*d)
+                        m.on_datagram(*d)
                 if not i % _RX_CHUNK and time.perf_counter() > end:
                     return False
         return True
@@ -240,64 +306,57 @@ def _rows(frames: list[NDArray[np.int16]]) -> NDArray[np.int16]:
     return np.concatenate(frames).reshape(len(frames), -1)
 
 
-def _rx_time(m: CallMedia) -> float:
-    return m._rx_t
+def _rx_time(m: ClockedCall) -> float:
+    return m.rx_due
 
 
-def _receive(due: list[CallMedia]) -> None:
+def _receive(due: list[ClockedCall]) -> None:
     """Pop every due call's jitter buffer, upsample in batches, feed the agents."""
-    frames = [m._rx_pop() for m in due]
+    frames = [m.rx_pop() for m in due]
     pcm: list[NDArray[np.int16]] = list(frames)
-    groups: dict[tuple[int, int], list[int]] = {}
+    groups: dict[tuple[int, int], list[tuple[int, Resampler]]] = {}
     for i, m in enumerate(due):
-        up = m._up
+        up = m.up
         if up is not None:
-            groups.setdefault((up.out_rate, frames[i].size), []).append(i)
-    for idx in groups.values():
-        rs = [due[i]._up for i in idx]
-        x = _rows([frames[i] for i in idx])
-        out = process_many(rs, x)  # type: ignore[arg-type]
-        for i, row in zip(idx, out, strict=True):
+            groups.setdefault((up.out_rate, frames[i].size), []).append((i, up))
+    for group in groups.values():
+        x = _rows([frames[i] for i, _ in group])
+        out = process_many([up for _, up in group], x)
+        for (i, _), row in zip(group, out, strict=True):
             pcm[i] = row
     for m, p in zip(due, pcm, strict=True):
-        m._rx_deliver(p)
+        m.rx_deliver(p)
 
 
-def _send(calls: list[CallMedia], g: float, now: float) -> None:
+def _send(calls: list[ClockedCall], g: float, now: float) -> None:
     """Send every call's due frames (grid time ``g``), encoded in one batch."""
     _drain_writes(calls)
     batch: list[TxFrame] = []
     for m in calls:
-        m._tx_tick(g, now, batch)
+        m.tx_tick(g, now, batch)
     if batch:
         _send_batch(batch, now)
 
 
-def _drain_writes(calls: list[CallMedia]) -> None:
+def _drain_writes(calls: list[ClockedCall]) -> None:
     """Downsample what the agents wrote into each call's playout buffer, batched when the
     call wrote exactly one frame (an echo or a steady TTS stream), one by one otherwise."""
-    groups: dict[tuple[int, int], list[CallMedia]] = {}
+    groups: dict[tuple[int, int], list[tuple[ClockedCall, Resampler, NDArray[np.int16]]]] = {}
     for m in calls:
-        pending = m._pending
-        if not pending:
+        frame = m.pending_frame()
+        down = m.down
+        if frame is None or down is None:
+            m.drain_pending()
             continue
-        down = m._down
-        if down is None:
-            m._drain_one()
-        elif len(pending) == 1 and pending[0].size == m._agent_step:
-            groups.setdefault((down.in_rate, m._agent_step), []).append(m)
-        else:
-            m._drain_one()
+        groups.setdefault((down.in_rate, frame.size), []).append((m, down, frame))
     for group in groups.values():
         if len(group) == 1:
-            group[0]._drain_one()
+            group[0][0].drain_pending()
             continue
-        x = _rows([m._pending[0] for m in group])
-        out = process_many([m._down for m in group], x)  # type: ignore[misc]
-        for m, row in zip(group, out, strict=True):
-            m._pending.clear()
-            m._pending_samples = 0
-            m.playout.write(row, copy=False)  # a row of a fresh array: ours alone
+        x = _rows([f for _, _, f in group])
+        out = process_many([d for _, d, _ in group], x)
+        for (m, _, _), row in zip(group, out, strict=True):
+            m.take_downsampled(row)
 
 
 def _send_batch(batch: list[TxFrame], now: float) -> None:
@@ -318,4 +377,4 @@ def _send_batch(batch: list[TxFrame], now: float) -> None:
         codes = m0.codec.enc_table.take(pcm.view(np.uint16)).tobytes()  # encode(pcm)
         for k, i in enumerate(idx):
             m, _, dest = batch[i]
-            m._send_audio(codes[k * n : (k + 1) * n], dest, now)
+            m.send_audio(codes[k * n : (k + 1) * n], dest, now)

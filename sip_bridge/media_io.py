@@ -1,6 +1,6 @@
-"""The I/O edges of one call's media: the agent's output object, the RTP socket's asyncio
-protocol (with the port lease that exists before the call's media does), and the polled
-socket the media clock reads once the call runs."""
+"""The I/O edges of one call's media: the RTP socket's asyncio protocol (with the port lease
+that exists before the call's media does), the polled socket the media clock reads once
+the call runs, and the packetiser of our audio."""
 
 from __future__ import annotations
 
@@ -10,22 +10,15 @@ import os
 import socket
 import struct
 import time
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
-import numpy as np
-from numpy.typing import NDArray
-
-from agent.base import FADE_MS, AgentEvent, AgentOutput, HangupEvent, fade_out_gain
 from sip_bridge.rtp import RtpSender
 from sip_bridge.rtp_ports import RtpPortLease, RtpPortPool
-
-if TYPE_CHECKING:
-    from sip_bridge.media import CallMedia
 
 __all__ = [
     "AudioRtpSender",
     "Datagram",
-    "MediaOutput",
+    "DatagramSink",
     "MediaSocket",
     "PolledSocket",
     "RtpLease",
@@ -43,46 +36,22 @@ _ANC_SPACE = socket.CMSG_SPACE(_TIMESPEC.size)
 Datagram = tuple[bytes, tuple[str, int], float]
 
 
-class MediaOutput(AgentOutput):
-    """The agent's output into one call's send chain."""
+class DatagramSink(Protocol):
+    """What receives a call's RTP datagrams from asyncio (a call's media: before the clock
+    polls its socket, and where the loop has no epoll)."""
 
-    def __init__(self, media: CallMedia) -> None:
-        self._media = media
+    send_errors: int
 
-    def write(self, pcm: NDArray[np.int16]) -> None:
-        self._media._write(pcm)
-
-    def flush(self) -> float:
-        return self._media._flush()
-
-    def fade_out(self, ms: float = FADE_MS) -> float:
-        rate = self._media.playout.rate
-        return self._media._flush(fade_out_gain(round(rate * ms / 1000)))
-
-    def queued_ms(self) -> float:
-        return 1000.0 * self._media._queued() / self._media.playout.rate
-
-    def send_dtmf(self, digits: str) -> None:
-        self._media.send_dtmf(digits)
-
-    def hangup(self, reason: str = "") -> None:
-        self.emit(HangupEvent(reason))
-
-    def emit(self, event: AgentEvent) -> None:
-        m = self._media
-        if isinstance(event, HangupEvent) and m.hangup_requested is None:
-            m.hangup_requested = event.reason
-        if m.on_agent_event is not None:
-            m.on_agent_event(event)
+    def on_datagram(self, data: bytes, addr: tuple[str, int], now: float | None = None) -> None: ...
 
 
 class RtpProtocol(asyncio.DatagramProtocol):
-    def __init__(self, media: CallMedia | None = None) -> None:
+    def __init__(self, media: DatagramSink | None = None) -> None:
         self.media = media  # None while the port is reserved but the call not set up
 
     def datagram_received(self, data: bytes, addr: tuple[str | int, ...]) -> None:
         if self.media is not None:
-            self.media._on_datagram(data, (str(addr[0]), int(addr[1])))
+            self.media.on_datagram(data, (str(addr[0]), int(addr[1])))
 
     def error_received(self, exc: Exception) -> None:
         if self.media is not None:

@@ -117,10 +117,10 @@ def media_digests(seconds: float = 6.0) -> dict[str, str]:
         m.sender = AudioRtpSender(m.params.payload_type, rng=random.Random(100 + k))
         m._clock = clock
         start = clock.add(m)
-        m._rx_t = start
+        m.rx_due = start
         m.pacer.start(start)
         sock = _Socket()
-        m._sock = sock
+        m.sock = sock
         m._lease = cast(Any, SimpleNamespace(port=0))  # RTCP goes out through the socket
         m.agent._output = m.output  # type: ignore[attr-defined]
         session = RtcpSession(m.sender.ssrc, 8000, "equivalence", t0, rand=lambda: 0.5)
@@ -148,7 +148,7 @@ def media_digests(seconds: float = 6.0) -> dict[str, str]:
         loop.now = now
         while e < len(events) and events[e][0] <= now:
             at, c, data = events[e]
-            calls[c][0]._on_datagram(data, PEER, at)
+            calls[c][0].on_datagram(data, PEER, at)
             e += 1
         clock._serve(now, now)
     out = {}

@@ -56,11 +56,11 @@ def test_an_echo_starts_in_its_first_pop_and_follows_its_pops_either_way() -> No
     media = CallMedia(agent, RtpPortPool(40000, 40099), params, CallInfo(call_id="t"))
     media._clock = clock
     t0 = clock.add(media)  # no socket yet: nothing to poll, the test pushes datagrams
-    media._rx_t = t0
+    media.rx_due = t0
     media.pacer.start(t0)
     media.hold_s = clock.tick_s
     sock = FakeSocket()
-    media._sock = cast(Any, sock)
+    media.sock = cast(Any, sock)
     agent._output = media.output
     pops: list[int] = []  # grid index of every pop that handed the echo a frame
     heard = agent.on_audio
@@ -80,9 +80,9 @@ def test_an_echo_starts_in_its_first_pop_and_follows_its_pops_either_way() -> No
         while arrivals and arrivals[0] <= now:
             k = 60 - len(arrivals)
             data = peer.next_packet(ulaw_encode(_tone(160, k)).tobytes(), 160)
-            media._on_datagram(data, PEER, arrivals.pop(0))
+            media.on_datagram(data, PEER, arrivals.pop(0))
         if len(pops) == nudge_at and not nudged:
-            media._rx_t += TICK
+            media.rx_due += TICK
             nudged = True
         clock._serve(now, now)
     audio = [(tick, p) for tick, p in sock.sent if p.payload_type == 0]
