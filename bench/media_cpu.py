@@ -5,7 +5,7 @@ Why: bench/calls.py and bench/media_load.py measure in real time, and on a share
 machine a starved process serves late ticks with another mix of work (catch-up pops,
 deferred receives), so its CPU per call moves with the neighbours' load. Here the media
 clock is driven by hand, as tests/test_media_talkspurt.py does: a fake loop whose time
-moves 5 ms per step, each call's peer packets handed to ``CallMedia._on_datagram`` at their
+moves 5 ms per step, each call's peer packets handed to ``CallMedia.on_datagram`` at their
 arrival times (20 ms apart, 0..4 ms jitter), ``MediaClock._serve`` for every grid point,
 sends into a sink. Everything of the per-call work runs (RTP parse, jitter buffer, RTCP
 statistics, resamplers, echo agent, pacer, G.711, RTP build) except the kernel's part
@@ -43,6 +43,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))  # shared test tools
+
+from media_fakes import FakeLoop  # noqa: E402
 
 from agent.echo import EchoAgent  # noqa: E402
 from resample.g711 import ulaw_encode  # noqa: E402
@@ -56,17 +59,6 @@ from sip_bridge.rtp_ports import RtpPortPool  # noqa: E402
 PEER = ("127.0.0.1", 4000)
 TICK = 0.005
 _HDR = struct.Struct("!BBHII")
-
-
-class _Loop:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def time(self) -> float:
-        return self.now
-
-    def call_at(self, when: float, callback: object) -> object:
-        return SimpleNamespace(cancel=lambda: None)
 
 
 class _Sink:
@@ -108,7 +100,7 @@ def _instrument() -> None:
 
 def _round(calls: int, seconds: float, warm_s: float, prof: cProfile.Profile | None) -> float:
     """One simulated run; returns CPU us per call per 20 ms over the timed window."""
-    loop = _Loop(1000.0)
+    loop = FakeLoop(1000.0)
     clock = MediaClock(cast(Any, loop))
     pool = RtpPortPool(40000, 40000 + 4 * calls + 4)
     medias = []
@@ -118,9 +110,9 @@ def _round(calls: int, seconds: float, warm_s: float, prof: cProfile.Profile | N
         m = CallMedia(echo, pool, MediaParams(*PEER), rtcp_rand=lambda: 0.5)
         m._clock = clock
         start = clock.add(m)
-        m._rx_t = start
+        m.rx_due = start
         m.pacer.start(start)
-        m._sock = cast(Any, _Sink())
+        m.sock = cast(Any, _Sink())
         m._lease = cast(Any, SimpleNamespace(port=0))  # RTCP goes out through the sink too
         m.agent._output = m.output  # type: ignore[attr-defined]
         session = RtcpSession(m.sender.ssrc, 8000, "bench", t0, rand=lambda: 0.5)
@@ -158,7 +150,7 @@ def _round(calls: int, seconds: float, warm_s: float, prof: cProfile.Profile | N
             prof.enable()
         a = tt()
         for m, pkt, at in batch:
-            m._on_datagram(pkt, PEER, at)
+            m.on_datagram(pkt, PEER, at)
         b = tt()
         clock._serve(now, now)
         if timed:
@@ -169,11 +161,11 @@ def _round(calls: int, seconds: float, warm_s: float, prof: cProfile.Profile | N
             )
             if prof is not None:
                 prof.disable()
-    sent = sum(cast(_Sink, m._sock).count for m in medias)
+    sent = sum(cast(_Sink, m.sock).count for m in medias)
     if sent < 0.9 * calls * ticks / 4:
         raise SystemExit(f"only {sent} packets sent: the simulation is broken")
     for m in medias:
-        m._sock = None
+        m.sock = None
         clock.remove(m)
     return 1e6 * spent / (calls * seconds / 0.02)
 
@@ -232,6 +224,8 @@ def _as_python(argv: list[str]) -> dict[str, Any]:
                 Path(tmp) / pkg,
                 ignore=shutil.ignore_patterns("*.so", "__pycache__", "out"),
             )
+        (Path(tmp) / "tests").mkdir()
+        shutil.copy(ROOT / "tests" / "media_fakes.py", Path(tmp) / "tests")
         args = [a for a in argv if a not in ("--compare-python", "--profile", "--breakdown")]
         out = subprocess.run(
             [sys.executable, str(Path(tmp) / "bench" / Path(__file__).name), *args],
