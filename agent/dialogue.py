@@ -1,3 +1,5 @@
+# size: the dialogue engine's one state machine: intents, slots, confirmations, transfers and
+#       fallbacks answer each other
 """The dialogue engine: caller text or keys in, what to say and do out.
 
 Rules first, from the operator's profile (:mod:`agent.profile`): intents matched by regular

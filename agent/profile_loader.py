@@ -1,3 +1,5 @@
+# size: the whole agent-profile schema, one builder per table, so every key's check (file:line: key)
+#       is in one file
 """Reading an agent profile: the schema, the line finder for messages, and the builders
 that turn TOML tables into :mod:`agent.profile`'s frozen dataclasses (kept apart from them
 so each file stays readable). Entry point: :func:`agent.profile.load_profile`."""

@@ -1,3 +1,5 @@
+# size: the voice agent's 20 ms loop and the turn state it drives (listening, barge-in, end of turn,
+#       speculation, held replies) share one state; splitting it is open work (issue 17)
 """The default voice agent: VAD -> end of turn -> ASR -> dialogue -> TTS, with barge-in.
 
 It runs at 8 kHz, the line's own rate, so the bridge resamples nothing on the way in and

@@ -1,3 +1,5 @@
+# size: every Prometheus metric the bridge exports, declared together so an operator reads the names
+#       in one place, and their endpoint
 """Prometheus metrics and a ``/healthz`` probe, served over plain HTTP by asyncio.
 
 Why here: operators run many bridges behind a dispatcher and need call counts, setup time,

@@ -1,3 +1,5 @@
+# size: the MQTT link as one state machine: connect, reconnect with backoff, the bounded publish
+#       queue, command intake
 """Call events out and call commands in over MQTT, through a disk spool that survives outages.
 
 Wiring (for the server)::

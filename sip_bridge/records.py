@@ -1,3 +1,5 @@
+# size: the call-records database in one owner: schema, writer, queries, redaction on read and
+#       retention
 """Call records (CDRs) in SQLite, so an operator can see every call after a crash.
 
 One row per call in ``calls``, its dialogue turns in ``turns`` and a timeline of notable

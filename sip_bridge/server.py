@@ -1,3 +1,5 @@
+# size: a call's life from the UA's events to media, agent, telemetry and teardown, plus the public
+#       surface operators' tools use (bridge_surface.Bridge)
 """The running bridge: SIP transport + the sans-I/O UA + one media session per call.
 
 This is the only place where the pieces meet an event loop: datagrams go into

@@ -1,3 +1,5 @@
+# size: the SIP user agent: dialogs and transactions of every call meet here (transfer and outbound
+#       calls are already split out)
 """The bridge's SIP user agent (UAS side of calls), sans-I/O.
 
 Bytes (or parsed messages), a source address and ``now`` go in; :class:`Send` actions and

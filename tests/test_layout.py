@@ -1,0 +1,136 @@
+"""The code's layout rules, enforced here rather than in docstrings (issue 17).
+
+- No import cycles among the shipped packages. Every import counts: module-level, inside
+  a function (a "late import" is a cycle that waits), and under ``TYPE_CHECKING`` (a cycle
+  for the reader and for mypy). Parts that must talk back type against a small public
+  contract instead, as the operators' tools do with :mod:`sip_bridge.bridge_surface` and
+  the media clock with :class:`sip_bridge.media_clock.ClockedCall`.
+- ``jitter/``, ``resample/``, ``model_runtime/`` and ``agent/`` never import
+  ``sip_bridge``: they are the libraries the bridge is built from.
+- No module over 500 lines without a ``# size:`` comment at its top saying why.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("sip_bridge", "agent", "jitter", "resample", "model_runtime")
+LIBRARIES = ("agent", "jitter", "resample", "model_runtime")
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    mods: dict[str, Path] = {}
+    for pkg in PACKAGES:
+        for f in sorted((ROOT / pkg).rglob("*.py")):
+            parts = list(f.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            mods[".".join(parts)] = f
+    return mods
+
+
+def _owner(name: str, mods: dict[str, Path]) -> str | None:
+    """The module of ours that an imported name lives in (None: not ours)."""
+    while name and name not in mods:
+        name = name.rpartition(".")[0]
+    return name or None
+
+
+def import_graph(mods: dict[str, Path]) -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports, anywhere in its source."""
+    graph: dict[str, set[str]] = {}
+    for mod, path in mods.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*up, base] if base else up)
+                # "from pkg import mod" imports the module pkg.mod, else a name in pkg
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in mods else base
+                         for a in node.names]  # fmt: skip
+            else:
+                continue
+            targets |= {t for n in names if (t := _owner(n, mods)) is not None and t != mod}
+        graph[mod] = targets
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle_through_any_kind_of_import() -> None:
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_the_walk_sees_late_and_type_only_imports() -> None:
+    graph = import_graph(_modules())
+    assert "sip_bridge.media" in graph["sip_bridge.server"]  # module level
+    assert "sip_bridge.web_server" in graph["sip_bridge.server"]  # in a function
+    assert "sip_bridge.bridge_surface" in graph["sip_bridge.operator_view"]  # TYPE_CHECKING
+    assert "agent.words" in graph["agent.backchannel"]  # from agent.words import normalize
+
+
+def test_no_import_cycles() -> None:
+    found = cycles(import_graph(_modules()))
+    assert not found, "import cycles: " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_libraries_never_import_the_bridge() -> None:
+    graph = import_graph(_modules())
+    bad = {
+        mod: sorted(t for t in targets if t.split(".")[0] == "sip_bridge")
+        for mod, targets in graph.items()
+        if mod.split(".")[0] in LIBRARIES
+    }
+    assert not {m: t for m, t in bad.items() if t}, bad
+
+
+def test_no_module_is_long_without_saying_why() -> None:
+    long = []
+    for path in _modules().values():
+        lines = path.read_text(encoding="utf-8").splitlines()
+        if len(lines) > MAX_LINES and not lines[0].startswith("# size: "):
+            long.append(f"{path.relative_to(ROOT)} ({len(lines)} lines)")
+    assert not long, f"over {MAX_LINES} lines with no '# size:' reason at the top: {long}"
