@@ -33,11 +33,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.echo_canceller import EchoCanceller
+from agent.ticks import ECHO_S, TICK_S
 
 __all__ = ["BargeInGate", "EchoGate", "LoudnessGate"]
 
-ECHO_S = 0.4  # how late our voice may come back (LoudnessGate's horizon)
-TICK_S = 0.02
 _QUIET = 10.0 ** (-70 / 10) * 32768.0**2 * 160  # a tick's energy at -70 dBFS
 _ERL = 0.25  # before any evidence: echo 6 dB under our voice (G.168), none of it cancelled
 _PRIORS = 3

@@ -27,11 +27,11 @@ gets back each gap as it ends.
 
 from __future__ import annotations
 
-__all__ = ["ECHO_S", "FRAME_S", "RESUME_S", "DeadAirMeter"]
+from agent.ticks import ECHO_S, TICK_S
 
-FRAME_S = 0.02  # one tick of the agent: one frame on the wire
+__all__ = ["RESUME_S", "DeadAirMeter"]
+
 RESUME_S = 1.0  # silence before the caller speaks again that still counts as dead air
-ECHO_S = 0.4  # "caller speech" this soon after our audio is our own voice coming back
 
 
 class DeadAirMeter:
@@ -68,7 +68,7 @@ class DeadAirMeter:
         a gap that ended with this frame (seconds), else None."""
         self._owed = owed
         if audible:
-            gap = self._close(now - FRAME_S) if self._open is not None else None
+            gap = self._close(now - TICK_S) if self._open is not None else None
             self._audio_end = now
             self._echo_until = now + ECHO_S
             return gap
@@ -84,8 +84,8 @@ class DeadAirMeter:
         """The caller spoke or pressed a key (or their keypad entry timed out) at ``now``:
         their turn runs until then. Ends an open wait (a gap, if it lasted RESUME_S)."""
         gap = None
-        if self._open is not None and now - FRAME_S - self._open >= RESUME_S:
-            gap = self._close(now - FRAME_S)
+        if self._open is not None and now - TICK_S - self._open >= RESUME_S:
+            gap = self._close(now - TICK_S)
         self._open = None
         self._caller_end = max(self._caller_end, now)
         return gap

@@ -55,6 +55,7 @@ from agent.profile import AgentProfile
 from agent.redaction import sensitive_text
 from agent.reply_playout import ReplyPlayout
 from agent.speculation import Speculation
+from agent.ticks import FRAME, FRAME_MS, RATE, TICK_S
 from agent.voice_models import FIRST_WORDS, VoiceModels
 from agent.voice_settings import VoiceSettings
 from agent.words import normalize
@@ -64,11 +65,7 @@ __all__ = ["TurnTiming", "VoiceAgent", "VoiceSettings"]
 
 log = logging.getLogger(__name__)
 
-RATE = 8000
-FRAME = 160  # samples per 20 ms tick at 8 kHz
-TICK_S = FRAME / RATE
 LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length limit
-FRAME_MS = 20
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
 MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
 # A reply to words the dialogue did not understand (a fallback, a slot's retry) waits until
@@ -83,7 +80,6 @@ PREROLL_TICKS = 10  # audio kept before the first speech frame (VAD onsets are l
 OVER_ECHO_TICKS = 3  # speech ticks above our echo that make words over a reply's end
 UNHEARD_CARRY_TICKS = 100  # a turn the ASR made nothing of opens one begun within 2 s
 UNHEARD_BACKCHANNEL_MS = 800  # speech since a hold the ASR made nothing of: a hum up to this
-ECHO_S = 0.4  # how long after we sent it our own voice may come back as line echo
 
 
 @dataclass

@@ -8,10 +8,13 @@ and the result is bit-exact with the ITU-T reference (and CPython's ``audioop``)
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
 import numpy as np
 from numpy.typing import NDArray
 
-__all__ = ["alaw_decode", "alaw_encode", "ulaw_decode", "ulaw_encode"]
+__all__ = ["G711Codec", "alaw_decode", "alaw_encode", "ulaw_decode", "ulaw_encode"]
 
 # Upper magnitude bound of each of the 8 segments (chords).
 _ULAW_SEG_END = np.array([0x3F, 0x7F, 0xFF, 0x1FF, 0x3FF, 0x7FF, 0xFFF, 0x1FFF], dtype=np.int32)
@@ -101,3 +104,23 @@ def alaw_encode(x: NDArray[np.int16]) -> NDArray[np.uint8]:
 def alaw_decode(codes: NDArray[np.uint8] | bytes) -> NDArray[np.int16]:
     """Decode A-law code bytes (array or RTP payload bytes) to int16 PCM."""
     return _ALAW_DEC[_as_codes(codes)]
+
+
+@dataclass(frozen=True, slots=True)
+class G711Codec:
+    """A G.711 law: its functions, and their lookup tables for the per-packet hot path
+    (``dec_table.take(codes)`` is ``decode(codes)``, ``enc_table.take(pcm.view(uint16))``
+    is ``encode(pcm)``, without the calls and dtype checks per packet)."""
+
+    name: str
+    encode: Callable[[NDArray[np.int16]], NDArray[np.uint8]]
+    decode: Callable[[NDArray[np.uint8] | bytes], NDArray[np.int16]]
+    dec_table: NDArray[np.int16] = field(init=False, repr=False, compare=False)
+    enc_table: NDArray[np.uint8] = field(init=False, repr=False, compare=False)  # by uint16
+
+    def __post_init__(self) -> None:
+        dec = self.decode(np.arange(256, dtype=np.uint8))
+        enc = self.encode(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.int16))
+        dec.flags.writeable = enc.flags.writeable = False
+        object.__setattr__(self, "dec_table", dec)
+        object.__setattr__(self, "enc_table", enc)

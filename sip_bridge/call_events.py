@@ -42,6 +42,7 @@ import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 SCHEMA = 1
 ROOT = "sipbridge"
@@ -251,38 +252,43 @@ def error(source: str, message: str, **detail: object) -> dict[str, object]:
 
 
 @dataclass(frozen=True)
-class Hangup:
+class HangupCommand:
+    action: ClassVar[str] = "hangup"  # as the timeline and the MQTT topic name it
     call_id: str
     by: str = ""  # who sent it, as the command says (the timeline's "by")
 
 
 @dataclass(frozen=True)
-class Transfer:
+class TransferCommand:
+    action: ClassVar[str] = "transfer"  # as the timeline and the MQTT topic name it
     call_id: str
     target: str
     by: str = ""
 
 
 @dataclass(frozen=True)
-class Say:
+class SayCommand:
+    action: ClassVar[str] = "say"  # as the timeline and the MQTT topic name it
     call_id: str
     text: str
     by: str = ""
 
 
 @dataclass(frozen=True)
-class Pause:
+class PauseCommand:
+    action: ClassVar[str] = "pause"  # as the timeline and the MQTT topic name it
     call_id: str
     by: str = ""
 
 
 @dataclass(frozen=True)
-class Resume:
+class ResumeCommand:
+    action: ClassVar[str] = "resume"  # as the timeline and the MQTT topic name it
     call_id: str
     by: str = ""
 
 
-Command = Hangup | Transfer | Say | Pause | Resume
+Command = HangupCommand | TransferCommand | SayCommand | PauseCommand | ResumeCommand
 
 
 @dataclass(frozen=True)
@@ -373,11 +379,11 @@ def parse_command(
             return CommandError(f'{cmd}: "{field}" longer than {limit} characters', call_id, cmd)
         value = got
     if cmd == "hangup":
-        return Hangup(call_id, by)
+        return HangupCommand(call_id, by)
     if cmd == "transfer":
-        return Transfer(call_id, value, by)
+        return TransferCommand(call_id, value, by)
     if cmd == "say":
-        return Say(call_id, value, by)
+        return SayCommand(call_id, value, by)
     if cmd == "pause":
-        return Pause(call_id, by)
-    return Resume(call_id, by)
+        return PauseCommand(call_id, by)
+    return ResumeCommand(call_id, by)

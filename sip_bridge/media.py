@@ -47,7 +47,7 @@ from resample import Resampler
 from sip_bridge.call_recording import StereoRecorder
 from sip_bridge.dtmf import DtmfDigit, DtmfOutbox, DtmfReceiver
 from sip_bridge.logs import CALL_ID
-from sip_bridge.media_clock import TICK_S, ClockedCall, MediaClock, TxFrame, media_clock
+from sip_bridge.media_clock import GRID_S, ClockedCall, MediaClock, TxFrame, media_clock
 from sip_bridge.media_io import (
     AudioRtpSender,
     MediaSocket,
@@ -151,7 +151,7 @@ class CallMedia(ClockedCall):
         self._spurt_go = False  # the frame being sent starts a talkspurt
         self._spurt_pkt = 0  # packets sent before the talkspurt began
         self._held = False  # the due frame waits for the receive pop (see _holds)
-        self.hold_s = TICK_S  # how far a frame may wait for its pop: the clock's tick
+        self.hold_s = GRID_S  # how far a frame may wait for its pop: the clock's tick
         self.first_frame_delays: deque[float] = deque(maxlen=1000)  # s, write -> sendto
         self._pop_wait = [0.0, 0]  # sum of (pop time - due_s) in seconds, pops counted
         self.closed = False

@@ -41,16 +41,16 @@ from numpy.typing import NDArray
 
 from resample import Resampler
 from resample.batch import process_many
+from resample.g711 import G711Codec
 from sip_bridge.logs import neutral_context
 from sip_bridge.media_io import MediaSocket, realtime_offset
 from sip_bridge.pacer import Pacer
-from sip_bridge.rtp_receiver import Codec
 
 __all__ = ["ClockedCall", "MediaClock", "TxFrame", "media_clock"]
 
 log = logging.getLogger(__name__)
 
-TICK_S = 0.005
+GRID_S = 0.005
 _EPS = 1e-6  # float slack when comparing deadlines that sit on the grid
 _MAX_CATCH_UP = 3  # receive pops per call and wake-up after a stall
 _READ_ROUNDS = 64  # socket reads per call and tick at most (a flood waits in the kernel)
@@ -74,7 +74,7 @@ class ClockedCall:
     batch, :meth:`rx_deliver`, :meth:`after_pop`)."""
 
     pacer: Pacer  # its send deadlines (next_deadline)
-    codec: Codec  # what its frames are encoded with
+    codec: G711Codec  # what its frames are encoded with
     sock: MediaSocket | None  # its RTP socket, read by the clock
     closed: bool
     wake_pending: bool  # a talkspurt waits for the clock
@@ -144,7 +144,7 @@ def media_clock() -> MediaClock:
 class MediaClock:
     """The shared tick. Calls join with :meth:`add` and leave with :meth:`remove`."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float = TICK_S) -> None:
+    def __init__(self, loop: asyncio.AbstractEventLoop, tick_s: float = GRID_S) -> None:
         self.loop = loop
         self.tick_s = tick_s
         self.members: dict[int, ClockedCall] = {}  # id -> call, in join order

@@ -21,12 +21,12 @@ from dataclasses import dataclass, field
 from sip_bridge.sdp import (
     DIRECTIONS,
     Attributes,
-    Codec,
     Connection,
     CryptoAttribute,
     MediaDescription,
     NoCommonCodec,
     Origin,
+    SdpCodec,
     SdpError,
     SessionDescription,
 )
@@ -146,7 +146,7 @@ class NegotiatedMedia:
             return False
 
 
-def _pick(offered: list[Codec], local: MediaConfig) -> Codec | None:
+def _pick(offered: list[SdpCodec], local: MediaConfig) -> SdpCodec | None:
     usable = [c for c in offered if c.name.upper() in local.codecs and c.clock_rate == 8000]
     usable = [c for c in usable if c.channels == 1]
     if local.prefer_local:
@@ -154,7 +154,7 @@ def _pick(offered: list[Codec], local: MediaConfig) -> Codec | None:
     return usable[0] if usable else None
 
 
-def _event_codec(codecs: list[Codec], rate: int) -> Codec | None:
+def _event_codec(codecs: list[SdpCodec], rate: int) -> SdpCodec | None:
     return next((c for c in codecs if c.name.upper() == _TE and c.clock_rate == rate), None)
 
 
@@ -173,7 +173,7 @@ def _crypto(m: MediaDescription, local: MediaConfig, why: list[str]) -> CryptoAt
 
 def _choose(
     offer: SessionDescription, local: MediaConfig
-) -> tuple[int, Codec, CryptoAttribute | None]:
+) -> tuple[int, SdpCodec, CryptoAttribute | None]:
     """The audio stream we accept, its codec and crypto line, or :class:`NoCommonCodec`."""
     offered: list[str] = []
     why: list[str] = []

@@ -11,7 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 from agent.base import PauseAgent, ResumeAgent, SayText
 from sip_bridge import __version__
-from sip_bridge.call_events import Command, Hangup, Pause, Resume, Say, Transfer
+from sip_bridge.call_events import (
+    Command,
+    HangupCommand,
+    PauseCommand,
+    ResumeCommand,
+    SayCommand,
+    TransferCommand,
+)
 from sip_bridge.records import media_summary
 
 if TYPE_CHECKING:
@@ -32,13 +39,13 @@ def apply_command(
     if call is None or call.ended:
         raise ValueError(f"no call {call_id} in progress here")
     by = by or command.by or via
-    action = type(command).__name__.lower()
+    action = command.action
     log.info("call %s: operator command %s by %s (%s)", call_id, command, by, via)
-    if isinstance(command, Hangup):
+    if isinstance(command, HangupCommand):
         server.telemetry.operator(call_id, action, by, via)
         server.hangup(call_id, "operator hung up")
         return
-    if isinstance(command, Transfer):
+    if isinstance(command, TransferCommand):
         server.telemetry.operator(call_id, action, by, via, target=command.target)
         server.transfer(call_id, command.target)
         return
@@ -46,13 +53,13 @@ def apply_command(
     if agent is None or not agent.takes_commands:
         name = agent.name if agent is not None else "(not answered yet)"
         raise ValueError(f"agent {name} does not take {action}")
-    detail = {"text": command.text} if isinstance(command, Say) else {}
+    detail = {"text": command.text} if isinstance(command, SayCommand) else {}
     server.telemetry.operator(call_id, action, by, via, **detail)
-    if isinstance(command, Say):
+    if isinstance(command, SayCommand):
         agent.on_event(SayText(command.text))
-    elif isinstance(command, Pause):
+    elif isinstance(command, PauseCommand):
         agent.on_event(PauseAgent())
-    elif isinstance(command, Resume):
+    elif isinstance(command, ResumeCommand):
         agent.on_event(ResumeAgent())
 
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from numpy.typing import NDArray
 
 from jitter import JitterBuffer
 from resample import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
+from resample.g711 import G711Codec
 from sip_bridge.dtmf import DtmfDigit, DtmfReceiver
 from sip_bridge.rtp import RtpError, RtpPacket, looks_like_rtcp
 
@@ -32,29 +32,9 @@ LATCH_PACKETS = 3
 _NO_CANDIDATE = (("", 0), -1, 0)
 
 
-@dataclass(frozen=True, slots=True)
-class Codec:
-    """A G.711 law: its functions, and their lookup tables for the per-packet hot path
-    (``dec_table.take(codes)`` is ``decode(codes)``, ``enc_table.take(pcm.view(uint16))``
-    is ``encode(pcm)``, without the calls and dtype checks per packet)."""
-
-    name: str
-    encode: Callable[[NDArray[np.int16]], NDArray[np.uint8]]
-    decode: Callable[[NDArray[np.uint8] | bytes], NDArray[np.int16]]
-    dec_table: NDArray[np.int16] = field(init=False, repr=False, compare=False)
-    enc_table: NDArray[np.uint8] = field(init=False, repr=False, compare=False)  # by uint16
-
-    def __post_init__(self) -> None:
-        dec = self.decode(np.arange(256, dtype=np.uint8))
-        enc = self.encode(np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.int16))
-        dec.flags.writeable = enc.flags.writeable = False
-        object.__setattr__(self, "dec_table", dec)
-        object.__setattr__(self, "enc_table", enc)
-
-
-CODECS: dict[int, Codec] = {
-    0: Codec("PCMU", ulaw_encode, ulaw_decode),
-    8: Codec("PCMA", alaw_encode, alaw_decode),
+CODECS: dict[int, G711Codec] = {
+    0: G711Codec("PCMU", ulaw_encode, ulaw_decode),
+    8: G711Codec("PCMA", alaw_encode, alaw_decode),
 }
 
 
@@ -79,7 +59,7 @@ class RtpReceiver:
     """Sans-I/O receive side: ``receive(datagram, source, now)`` and the counters."""
 
     jb: JitterBuffer
-    codec: Codec
+    codec: G711Codec
     payload_type: int
     remote: tuple[str, int]
     latch: bool = False

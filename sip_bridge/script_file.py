@@ -29,17 +29,17 @@ __all__ = [
     "ACTIONS",
     "DTMF_METHODS",
     "TRANSFER_RESULTS",
+    "CallerHangup",
     "Dtmf",
     "Expect",
     "ExpectHangup",
     "ExpectRefer",
-    "Hangup",
     "NoDeadAir",
-    "Pause",
     "Script",
     "Speak",
     "Step",
     "Wait",
+    "WaitSeconds",
     "load_script",
     "parse_script_text",
 ]
@@ -189,7 +189,7 @@ class Wait(_StepBase):
 
 
 @dataclass(frozen=True)
-class Pause(_StepBase):
+class WaitSeconds(_StepBase):
     seconds: float = 0.0
 
     kind = "wait_s"
@@ -252,14 +252,24 @@ class NoDeadAir(_StepBase):
 
 
 @dataclass(frozen=True)
-class Hangup(_StepBase):
+class CallerHangup(_StepBase):
     kind = "hangup"
 
     def describe(self) -> str:
         return "hang up"
 
 
-Step = Speak | Dtmf | Wait | Pause | Expect | ExpectHangup | ExpectRefer | NoDeadAir | Hangup
+Step = (
+    Speak
+    | Dtmf
+    | Wait
+    | WaitSeconds
+    | Expect
+    | ExpectHangup
+    | ExpectRefer
+    | NoDeadAir
+    | CallerHangup
+)
 
 
 def load_script(path: str | Path) -> Script:
@@ -414,7 +424,7 @@ def _step(entry: dict[str, Any], i: int, s: Script, text: str, p: str) -> Step:
     if kind == "wait_s":
         if not 0 < value <= 600:
             raise fail("wait_s", "seconds, above 0 and at most 600")
-        return Pause(**base, seconds=float(value))
+        return WaitSeconds(**base, seconds=float(value))
     if kind == "expect":
         _regex(value, fail, "expect", text)
         _regex(entry.get("not", ""), fail, "not", text)
@@ -440,7 +450,7 @@ def _step(entry: dict[str, Any], i: int, s: Script, text: str, p: str) -> Step:
         return NoDeadAir(**base, max_s=float(value))
     if value is not True:
         raise fail("hangup", "write hangup = true")
-    return Hangup(**base)
+    return CallerHangup(**base)
 
 
 def _barge(entry: dict[str, Any], s: Script, fail: Any) -> dict[str, Any]:

@@ -50,17 +50,17 @@ from sip_bridge.script_actions import (
     transcript_key,
 )
 from sip_bridge.script_file import (
+    CallerHangup,
     Dtmf,
     Expect,
     ExpectHangup,
     ExpectRefer,
-    Hangup,
     NoDeadAir,
-    Pause,
     Script,
     Speak,
     Step,
     Wait,
+    WaitSeconds,
 )
 
 __all__ = ["ScriptPlayer"]
@@ -235,7 +235,7 @@ class ScriptPlayer:
                                            "judged at the end of the call"))  # fmt: skip
             self._scopes.append((step, now, len(self.results) - 1))
             return self._advance(now)
-        if isinstance(step, Hangup):
+        if isinstance(step, CallerHangup):
             self._done(step, True, now, "hung up")
             return [HangUp(), *self._advance(now)]
         return self._run(now)
@@ -281,7 +281,7 @@ class ScriptPlayer:
         """(passed, detail) once the step is over; None while it runs."""
         if isinstance(step, Speak | Dtmf):
             return self._check_caller(step, now)
-        if isinstance(step, Pause):
+        if isinstance(step, WaitSeconds):
             if now - self._step_start >= step.seconds:
                 return True, ""
             return (False, "the far end hung up") if self._ended() else None

@@ -27,12 +27,12 @@ from dataclasses import dataclass, field
 __all__ = [
     "DIRECTIONS",
     "STATIC_PAYLOAD_TYPES",
-    "Codec",
     "Connection",
     "CryptoAttribute",
     "MediaDescription",
     "NoCommonCodec",
     "Origin",
+    "SdpCodec",
     "SdpError",
     "SessionDescription",
     "parse_sdp",
@@ -134,7 +134,7 @@ class Connection:
 
 
 @dataclass(frozen=True)
-class Codec:
+class SdpCodec:
     """One payload type of an m= line, resolved through a=rtpmap or the static table."""
 
     payload_type: int
@@ -143,7 +143,7 @@ class Codec:
     channels: int = 1
     fmtp: str | None = None
 
-    def same_format(self, other: Codec) -> bool:
+    def same_format(self, other: SdpCodec) -> bool:
         """Same encoding regardless of payload type number (RFC 3264 lets them differ)."""
         mine, theirs = (self.name.upper(), self.clock_rate, self.channels), other
         return mine == (theirs.name.upper(), theirs.clock_rate, theirs.channels)
@@ -295,7 +295,7 @@ class MediaDescription:
                 bad.append(str(exc))
         return good, bad
 
-    def codecs(self) -> list[Codec]:
+    def codecs(self) -> list[SdpCodec]:
         """Payload types in m= order with names; unknown dynamic PTs are left out."""
         rtpmap: dict[int, tuple[str, int, int]] = {}
         for v in _values(self.attributes, "rtpmap"):
@@ -315,7 +315,7 @@ class MediaDescription:
             pt = int(f)
             info = rtpmap.get(pt) or STATIC_PAYLOAD_TYPES.get(pt)
             if info is not None:
-                out.append(Codec(pt, info[0], info[1], info[2], fmtp.get(pt)))
+                out.append(SdpCodec(pt, info[0], info[1], info[2], fmtp.get(pt)))
         return out
 
     def lines(self) -> list[str]:

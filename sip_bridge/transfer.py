@@ -1,6 +1,6 @@
 """Blind transfer by REFER (RFC 3515), seen from the referrer: the bridge.
 
-Sans-I/O and clock-free: :class:`Transfer` is told what happened to the REFER (its final
+Sans-I/O and clock-free: :class:`Refer` is told what happened to the REFER (its final
 response or timeout) and what each NOTIFY of the implicit subscription said (RFC 6665
 ``Event: refer``, a ``message/sipfrag`` body, RFC 3420), and answers with the status to
 give the NOTIFY and the :class:`TransferProgress` to report.  The UA owns the clock (the
@@ -32,7 +32,7 @@ from sip_bridge.message import NameAddr, SipUri
 __all__ = [
     "NotifyAnswer",
     "Outcome",
-    "Transfer",
+    "Refer",
     "TransferProgress",
     "parse_event",
     "parse_sipfrag",
@@ -126,7 +126,7 @@ def _outcome(status: int) -> Outcome:
     return "ringing" if status in (180, 183) else "trying"
 
 
-class Transfer:
+class Refer:
     """One REFER and its implicit subscription: sending -> pending -> done."""
 
     def __init__(self, call_id: str, target: str, refer_cseq: int) -> None:

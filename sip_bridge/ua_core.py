@@ -29,7 +29,7 @@ from sip_bridge.sdp import NoCommonCodec, SdpError, SessionDescription
 from sip_bridge.session_timer import SessionTimer
 from sip_bridge.timers import TimerQueue
 from sip_bridge.transaction import Event, RequestReceived, TransactionError, TransactionLayer
-from sip_bridge.transfer import Transfer
+from sip_bridge.transfer import Refer
 from sip_bridge.ua_events import Address, CallEnded, UaEvent
 from sip_bridge.uas_invite import in_dialog_destination, stateless_error
 
@@ -112,7 +112,7 @@ class UaCall:
     peer_allows_update: bool = False
     refresh_tx: str | None = None  # our pending session refresh (UPDATE or re-INVITE)
     refresh_ack: tuple[str, SipRequest] | None = None  # re-INVITE tx and the ACK of its 2xx
-    transfer: Transfer | None = None  # our latest REFER and its subscription
+    transfer: Refer | None = None  # our latest REFER and its subscription
     refer_tx: str | None = None  # that REFER's client transaction, while it runs
     pending_transfer: str | None = None  # asked for before the caller's ACK: sent on it
     srtp: str = "optional"  # SDES-SRTP mode of the call: its trunk's, else [sip] srtp

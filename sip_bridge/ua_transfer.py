@@ -19,7 +19,7 @@ from sip_bridge.transaction import (
     TransactionError,
     TransactionTimeout,
 )
-from sip_bridge.transfer import Transfer, TransferProgress, parse_event, refer_target
+from sip_bridge.transfer import Refer, TransferProgress, parse_event, refer_target
 from sip_bridge.ua_core import ALLOW, UaCall, UaCore
 from sip_bridge.ua_events import UaEvent
 
@@ -62,7 +62,7 @@ class TransferMixin(UaCore):
             tx_id, out = self._send_in_dialog(call, req, now)
         except (TransactionError, ValueError) as exc:
             return [TransferProgress(call_id, uri, 0, True, "failed", f"REFER not sent: {exc}")]
-        call.transfer, call.refer_tx = Transfer(call_id, uri, req.cseq[0]), tx_id
+        call.transfer, call.refer_tx = Refer(call_id, uri, req.cseq[0]), tx_id
         self._timers.cancel(call_id, "xfer-bye")
         self._timers.arm(call_id, "xfer-expire", now + self.transfer_timeout_s)
         return out

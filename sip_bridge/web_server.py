@@ -33,7 +33,7 @@ from aiohttp import web
 
 from agent.base import AgentEvent, DeadAir, ModelFault, SayText, TurnCompleted
 from sip_bridge.agents import profile_name, take_over
-from sip_bridge.call_events import Command, Hangup, Say, Transfer
+from sip_bridge.call_events import Command, HangupCommand, SayCommand, TransferCommand
 from sip_bridge.call_telemetry import CallFacts, turn_total_ms
 from sip_bridge.config_types import (
     AgentConfig,
@@ -428,7 +428,7 @@ class WebServer:
             self.bridge.telemetry.operator(call_id, "hangup", token.name, "http")
             await session.close("operator hung up")
             return web.json_response({"ok": True})
-        return self._command(Hangup(call_id), token)
+        return self._command(HangupCommand(call_id), token)
 
     async def _api_transfer(self, request: web.Request) -> web.Response:
         acting = await self._acting(request, "target", 256, "sip:...")
@@ -440,7 +440,7 @@ class WebServer:
         call = self.bridge.calls.get(call_id)
         if call is None or call.media is None:
             return error(404, f"no answered call {call_id} here")
-        return self._command(Transfer(call_id, target), token)
+        return self._command(TransferCommand(call_id, target), token)
 
     async def _api_say(self, request: web.Request) -> web.Response:
         acting = await self._acting(request, "text", 4096, "what the agent says")
@@ -449,7 +449,7 @@ class WebServer:
         token, call_id, text = acting
         session = self._by_call_id(call_id)
         if session is None:
-            return self._command(Say(call_id, text), token)
+            return self._command(SayCommand(call_id, text), token)
         if not session.agent.takes_commands:
             return error(409, f"agent {session.agent.name} does not take say")
         self.bridge.telemetry.operator(call_id, "say", token.name, "http", text=text)

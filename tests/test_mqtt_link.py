@@ -20,11 +20,11 @@ from mosquitto_runner import HOST, Mosquitto, free_port
 from sip_bridge import call_events as ce
 from sip_bridge.call_events import (
     CommandError,
-    Hangup,
-    Pause,
-    Resume,
-    Say,
-    Transfer,
+    HangupCommand,
+    PauseCommand,
+    ResumeCommand,
+    SayCommand,
+    TransferCommand,
     parse_command,
 )
 from sip_bridge.mqtt_link import MqttLink
@@ -139,7 +139,7 @@ def test_event_topic_and_payload() -> None:
         topic = ce.event_topic("n1", call_id, "started")
         assert topic == f"sipbridge/n1/calls/{level}/started"
         command = ce.parse_command(ce.command_topic("n1", call_id), b'{"cmd": "hangup"}')
-        assert command == ce.Hangup(call_id)
+        assert command == ce.HangupCommand(call_id)
     for bad in ("", "x" * 300):
         with pytest.raises(ValueError):
             ce.event_topic("n1", bad, "started")
@@ -152,17 +152,17 @@ def test_event_topic_and_payload() -> None:
 
 def test_parse_valid_commands() -> None:
     topic = "sipbridge/n1/cmd/call-9"
-    assert parse_command(topic, b'{"cmd": "hangup"}') == Hangup("call-9")
+    assert parse_command(topic, b'{"cmd": "hangup"}') == HangupCommand("call-9")
     assert parse_command(topic, '{"cmd":"transfer","target":"sip:desk@pbx"}', node="n1") == (
-        Transfer("call-9", "sip:desk@pbx")
+        TransferCommand("call-9", "sip:desk@pbx")
     )
-    assert parse_command(topic, '{"cmd":"say","text":"Hold on, please."}') == Say(
+    assert parse_command(topic, '{"cmd":"say","text":"Hold on, please."}') == SayCommand(
         "call-9", "Hold on, please."
     )
-    assert parse_command(topic, b'{"cmd":"pause"}') == Pause("call-9")
-    assert parse_command(topic, bytearray(b'{"cmd":"resume"}')) == Resume("call-9")
+    assert parse_command(topic, b'{"cmd":"pause"}') == PauseCommand("call-9")
+    assert parse_command(topic, bytearray(b'{"cmd":"resume"}')) == ResumeCommand("call-9")
     # who sent it, for the call's timeline
-    assert parse_command(topic, b'{"cmd":"hangup","by":"ops.desk-2"}') == Hangup(
+    assert parse_command(topic, b'{"cmd":"hangup","by":"ops.desk-2"}') == HangupCommand(
         "call-9", "ops.desk-2"
     )
 
@@ -204,7 +204,7 @@ def test_parse_command_rejects(topic: str, payload: bytes, message: str) -> None
 def test_oversize_limit_is_exact() -> None:
     body = b'{"cmd": "hangup"}'
     at_limit = body + b" " * (16 * 1024 - len(body))
-    assert parse_command("sipbridge/n1/cmd/c", at_limit) == Hangup("c")
+    assert parse_command("sipbridge/n1/cmd/c", at_limit) == HangupCommand("c")
     assert isinstance(parse_command("sipbridge/n1/cmd/c", at_limit + b" "), CommandError)
 
 
@@ -428,7 +428,7 @@ def test_commands_reach_the_handler_and_garbage_becomes_error_events(tmp_path: P
     got: list[tuple[str, ce.Command]] = []
 
     async def handler(call_id: str, command: ce.Command) -> None:
-        if isinstance(command, Say) and command.text == "boom":
+        if isinstance(command, SayCommand) and command.text == "boom":
             raise RuntimeError("tts is down")
         got.append((call_id, command))
 
@@ -465,12 +465,12 @@ def test_commands_reach_the_handler_and_garbage_becomes_error_events(tmp_path: P
                 assert link.connected
                 await link.stop()
         assert got == [
-            ("c1", Hangup("c1")),
-            ("c1", Transfer("c1", "sip:desk@pbx")),
-            ("c1", Say("c1", "One moment.")),
-            ("c1", Pause("c1")),
-            ("c1", Resume("c1")),
-            ("c2", Hangup("c2")),
+            ("c1", HangupCommand("c1")),
+            ("c1", TransferCommand("c1", "sip:desk@pbx")),
+            ("c1", SayCommand("c1", "One moment.")),
+            ("c1", PauseCommand("c1")),
+            ("c1", ResumeCommand("c1")),
+            ("c2", HangupCommand("c2")),
         ]
         topics = [t for t, _ in ctl.seen]
         assert topics == [f"sipbridge/{NODE}/calls/c1/error"] * 5 + [

@@ -9,16 +9,16 @@ import pytest
 
 from sip_bridge.config_types import ConfigError
 from sip_bridge.script_file import (
+    CallerHangup,
     Dtmf,
     Expect,
     ExpectHangup,
     ExpectRefer,
-    Hangup,
     NoDeadAir,
-    Pause,
     Script,
     Speak,
     Wait,
+    WaitSeconds,
     load_script,
     parse_script_text,
 )
@@ -89,8 +89,8 @@ def test_a_script_with_every_step_kind(tmp_path: Path) -> None:
     s = _parse(GOOD, tmp_path)
     steps: Any = s.steps
     kinds = [type(x) for x in steps]
-    assert kinds == [Expect, Speak, Speak, Dtmf, Dtmf, Wait, Pause, ExpectRefer, NoDeadAir,
-                     ExpectHangup, Hangup]  # fmt: skip
+    assert kinds == [Expect, Speak, Speak, Dtmf, Dtmf, Wait, WaitSeconds, ExpectRefer, NoDeadAir,
+                     ExpectHangup, CallerHangup]  # fmt: skip
     assert [x.index for x in steps] == list(range(1, 12))
     assert steps[0].timeout_s == 20 and steps[0].quiet_ms == 900  # the script's quiet_ms
     assert steps[1].barge_in is True and steps[1].within_ms == 350

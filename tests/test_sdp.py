@@ -20,11 +20,11 @@ from sip_bridge.offer_answer import (
     make_offer,
 )
 from sip_bridge.sdp import (
-    Codec,
     Connection,
     MediaDescription,
     NoCommonCodec,
     Origin,
+    SdpCodec,
     SdpError,
     SessionDescription,
     parse_sdp,
@@ -186,11 +186,11 @@ def test_parse_baresip_fields() -> None:
     assert m.formats == ["96", "9", "0", "8", "101"]
     assert m.extra == [("b", "AS:128")]
     assert m.codecs() == [
-        Codec(96, "opus", 48000, 2, "stereo=1;sprop-stereo=1"),
-        Codec(9, "G722", 8000),
-        Codec(0, "PCMU", 8000),
-        Codec(8, "PCMA", 8000),
-        Codec(101, "telephone-event", 8000, 1, "0-15"),
+        SdpCodec(96, "opus", 48000, 2, "stereo=1;sprop-stereo=1"),
+        SdpCodec(9, "G722", 8000),
+        SdpCodec(0, "PCMU", 8000),
+        SdpCodec(8, "PCMA", 8000),
+        SdpCodec(101, "telephone-event", 8000, 1, "0-15"),
     ]
     assert m.ptime == 20
     assert m.direction == "sendrecv"

@@ -7,7 +7,7 @@ import pytest
 
 from sip_bridge.transfer import (
     NotifyAnswer,
-    Transfer,
+    Refer,
     TransferProgress,
     parse_event,
     parse_sipfrag,
@@ -69,12 +69,12 @@ def test_refer_target_rules() -> None:
             refer_target(bad, caller)
 
 
-def notify(t: Transfer, body: bytes, state: str = "active", event: str = "refer") -> NotifyAnswer:
+def notify(t: Refer, body: bytes, state: str = "active", event: str = "refer") -> NotifyAnswer:
     return t.on_notify(event, state, SIPFRAG, body)
 
 
 def test_success_path_reports_each_stage_once() -> None:
-    t = Transfer("c1", "sip:1001@pbx", 7)
+    t = Refer("c1", "sip:1001@pbx", 7)
     assert t.on_refer_response(202, "Accepted") == TransferProgress(
         "c1", "sip:1001@pbx", 202, False, "trying", "REFER accepted"
     )
@@ -93,7 +93,7 @@ def test_success_path_reports_each_stage_once() -> None:
 
 
 def test_final_failure_then_terminated_reports_once() -> None:
-    t = Transfer("c1", "sip:1001@pbx", 7)
+    t = Refer("c1", "sip:1001@pbx", 7)
     t.on_refer_response(202, "Accepted")
     busy = notify(t, b"SIP/2.0 486 Busy Here\r\n")
     assert busy.status == 200 and busy.progress is not None
@@ -107,19 +107,19 @@ def test_final_failure_then_terminated_reports_once() -> None:
 
 
 def test_refer_rejected_or_timed_out() -> None:
-    t = Transfer("c1", "sip:x@h", 3)
+    t = Refer("c1", "sip:x@h", 3)
     assert t.on_refer_response(100, "Trying") is None
     p = t.on_refer_response(603, "Decline")
     assert p is not None and (p.status, p.outcome, p.final) == (603, "failed", True)
     assert p.reason == "REFER rejected: 603 Decline"
     assert t.failed(408, "late") is None  # one final report only
-    t2 = Transfer("c1", "sip:x@h", 3)
+    t2 = Refer("c1", "sip:x@h", 3)
     p2 = t2.failed(408, "REFER timed out")
     assert p2 is not None and (p2.status, p2.outcome) == (408, "failed")
 
 
 def test_notify_checks_event_id_body_and_state() -> None:
-    t = Transfer("c1", "sip:x@h", 42)
+    t = Refer("c1", "sip:x@h", 42)
     assert notify(t, b"SIP/2.0 100 Trying", event="dialog") == NotifyAnswer(489)
     assert notify(t, b"SIP/2.0 100 Trying", event="") == NotifyAnswer(489)
     assert notify(t, b"SIP/2.0 100 Trying", event="refer;id=41") == NotifyAnswer(481)
@@ -135,7 +135,7 @@ def test_notify_checks_event_id_body_and_state() -> None:
 
 
 def test_terminated_without_final_status_fails() -> None:
-    t = Transfer("c1", "sip:x@h", 1)
+    t = Refer("c1", "sip:x@h", 1)
     t.on_refer_response(200, "OK")
     notify(t, b"SIP/2.0 180 Ringing")
     gone = notify(t, b"", "terminated;reason=timeout")

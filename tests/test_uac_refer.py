@@ -13,7 +13,7 @@ from sip_bridge.message import (
 )
 from sip_bridge.offer_answer import MediaConfig
 from sip_bridge.transaction import SendMessage
-from sip_bridge.transfer import Transfer
+from sip_bridge.transfer import Refer
 from sip_bridge.uac import CallAnswered, OutboundCall, ReferReceived, UacEvent
 
 PEER = ("192.0.2.10", 5060)
@@ -70,7 +70,7 @@ def test_notifies_tell_the_bridge_how_the_new_call_goes() -> None:
     """What our NOTIFYs say is what the bridge's own transfer logic reads."""
     call, invite = _answered()
     call.receive(_refer(invite, 5, "<sip:agent@127.0.0.1:5070>"), PEER, 2.0)
-    bridge_side = Transfer("c1", "sip:agent@127.0.0.1:5070", 5)
+    bridge_side = Refer("c1", "sip:agent@127.0.0.1:5070", 5)
     outcomes = []
     for status, reason in ((100, "Trying"), (180, "Ringing"), (486, "Busy Here")):
         (notify,) = _sent(call.notify_refer(status, reason, 3.0))
