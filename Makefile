@@ -62,6 +62,8 @@ venv:
 	    "$$(grep -i '^onnxruntime==' $(LOCK))"; \
 	fi && \
 	echo "$$want" > $(STAMP)
+	@# the checkout on the venv's path: tests and bench import testkit/ and bench/ as packages
+	@$(PY) -c 'import pathlib, sys, sysconfig; p = pathlib.Path(sysconfig.get_paths()["purelib"]) / "sip_bridge_checkout.pth"; t = sys.argv[1] + "\n"; p.exists() and p.read_text() == t or p.write_text(t)' "$(CURDIR)"
 
 # The media path compiled with mypyc (sip_bridge/native.py), rebuilt when a source of it
 # changed since (a stale build would run old code; the bridge refuses to start on one).

@@ -18,19 +18,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared test tools
-from line_echo import at_level, espeak_voice, g711
-
 from agent.asr import MoonshineAsr
 from agent.words import normalize
 from resample.resampler import Resampler
+from testkit.line_echo import at_level, espeak_voice, g711
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"

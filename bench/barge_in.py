@@ -1,7 +1,7 @@
 """Barge-in: how fast callers stop the agent, and whether its own line echo ever does.
 
 The voice agent on its real models (VAD, Piper's voice, the demo profile) runs tick by tick
-over a simulated line (tests/barge_in_sim.py): our voice comes back late, down by the echo
+over a simulated line (testkit/barge_in_sim.py): our voice comes back late, down by the echo
 return loss, through a hybrid-like band-pass and G.711, over line noise. Two figures per
 rule, the echo canceller's (``after``) and the loudness rule it replaced (``before``,
 ``agent.voice.echo_canceller = false``), side by side in one run:
@@ -26,19 +26,16 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared test tools
-from barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
-from line_echo import at_level, espeak_voice
-
 from agent.barge_in import EchoGate
 from agent.voice import VoiceSettings
+from testkit.barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
+from testkit.line_echo import at_level, espeak_voice
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"

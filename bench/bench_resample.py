@@ -10,7 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from resample import Resampler
-from resample.analysis import (
+from testkit.analysis import (
     ResamplerFactory,
     cpu_us_per_20ms,
     measure_delay_s,

@@ -39,7 +39,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from resample.g711 import ulaw_encode  # noqa: E402
 from sip_bridge.config import BridgeConfig  # noqa: E402

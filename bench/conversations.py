@@ -51,15 +51,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the sipp targets
-from demo_bridge import (
-    DEMO_SCRIPTS,
-    ROOT,
-    TRANSFER_TARGETS,
-    start_transfer_target,
-    stop_transfer_target,
-)
-
 from agent.base import AgentOutput, CallInfo
 from agent.voice import VoiceAgent
 from resample import Resampler
@@ -67,6 +58,13 @@ from sip_bridge.script_file import Script, Speak, load_script
 from sip_bridge.script_leg import LineOptions
 from sip_bridge.script_report import CallReport
 from sip_bridge.script_runner import RunOptions, Transcriber, run_script
+from testkit.demo_bridge import (
+    DEMO_SCRIPTS,
+    ROOT,
+    TRANSFER_TARGETS,
+    start_transfer_target,
+    stop_transfer_target,
+)
 
 OUT = ROOT / "bench" / "out" / "conversations"
 VOICES = ["en-us", "en-gb-x-rp+f3", "en-us+m3", "human"]
@@ -336,7 +334,7 @@ class Bench:
 async def run_matrix(cells: list[Cell], scripts: list[Script], out: Path, parallel: int,
                      seed: int) -> None:  # fmt: skip
     os.environ.setdefault("SIP_BRIDGE_DATA", str(out / "data"))  # records: not the user's
-    from turn_latency import start_bridge
+    from bench.turn_latency import start_bridge
 
     bench = Bench(out, parallel)
     server, _config, _agents, load_s = await start_bridge(max(parallel, 4), bench.adapt)

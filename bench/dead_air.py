@@ -2,7 +2,7 @@
 while the agent owes them something (an answer, the transfer, the way back).
 
 Runs the bridge in this process (voice agent, the shipped demo profile, real models) and
-calls it with the packet-level caller of the tests (`tests/wire_caller.py`), which speaks
+calls it with the packet-level caller of the tests (`testkit/wire_caller.py`), which speaks
 espeak-ng, presses RFC 4733 keys and follows a REFER as a transferee (to a sipp UAS that
 only rings: the transfer nobody answers). Everything is measured at the caller's socket.
 
@@ -41,16 +41,14 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared test peers
-from line_tones import ringback_frames
-from sipp_runner import free_port, start_sipp
-from wire_caller import SPEECH_DBFS, WireCaller, espeak
-
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config import DEMO_PROFILE, load_config
 from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
+from testkit.line_tones import ringback_frames
+from testkit.sipp_runner import free_port, start_sipp
+from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"

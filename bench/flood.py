@@ -42,10 +42,8 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench"))
 
-from calls import (  # noqa: E402
+from bench.calls import (  # noqa: E402
     TONE_NAME,
     _free_port,
     _rss_mb,
@@ -55,7 +53,6 @@ from calls import (  # noqa: E402
     parse_sipp_counts,
     write_tone,
 )
-
 from sip_bridge.config import BridgeConfig, InboundConfig  # noqa: E402
 from sip_bridge.server import BridgeServer, settle_heap  # noqa: E402
 from sip_bridge.trunks import TrunkConfig  # noqa: E402

@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from sip_bridge.config import BridgeConfig, parse_config_text  # noqa: E402
 from sip_bridge.message import parse_message  # noqa: E402

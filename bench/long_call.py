@@ -1,7 +1,7 @@
 """One long call: does turn latency or memory grow, do the call's queues stay bounded?
 
 Runs the bridge in this process with the voice agent and the demo profile (real models),
-as bench/turn_latency.py does, and has its packet-level caller (`tests/wire_caller.py`)
+as bench/turn_latency.py does, and has its packet-level caller (`testkit/wire_caller.py`)
 keep ONE call up for ``--minutes``: ask an espeak-ng question, wait for the reply, stay
 silent a few seconds (idle time for the agent's queues), again. The profile's call limits
 (20 turns, 5 min) and its escalation to a person are lifted for this call only.
@@ -37,10 +37,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from wire_caller import WireCaller
-
     from agent.voice import VoiceAgent
     from sip_bridge.server import BridgeServer
+    from testkit.wire_caller import WireCaller
 
 ROOT = Path(__file__).resolve().parents[1]
 SAMPLE_S = 10.0  # seconds between samples
@@ -355,10 +354,9 @@ async def _talk(
 
 
 async def run(minutes: float, pause_s: float, sample_s: float = SAMPLE_S) -> dict[str, Any]:
-    from turn_latency import QUESTIONS, start_bridge, turn_stages
-    from wire_caller import WireCaller, espeak
-
+    from bench.turn_latency import QUESTIONS, start_bridge, turn_stages
     from sip_bridge.server import settle_heap
+    from testkit.wire_caller import WireCaller, espeak
 
     server, config, agents, load_s = await start_bridge(1, adapt=_lift_limits)
     settle_heap()  # as `sip-bridge run` does after start

@@ -20,11 +20,8 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from bench_jitter import bench_jitter
-from bench_resample import bench_resamplers
-
+from bench.bench_jitter import bench_jitter
+from bench.bench_resample import bench_resamplers
 from jitter import JitterBuffer
 from resample import Resampler
 from resample.g711 import ulaw_decode, ulaw_encode
@@ -131,8 +128,8 @@ def _plot(results: dict[str, Any], timelines: dict[str, Any], out: Path) -> list
     except ImportError:  # plots are optional; the JSON is the record
         return []
     written: list[str] = []
-    from bench_jitter import plot_jitter
-    from bench_resample import plot_resamplers
+    from bench.bench_jitter import plot_jitter
+    from bench.bench_resample import plot_resamplers
 
     written += plot_resamplers(results["resamplers"], out, plt)
     written += plot_jitter(results["jitter"], timelines, out, plt)

@@ -42,10 +42,6 @@ from typing import Any, cast
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # shared test tools
-
-from media_fakes import FakeLoop  # noqa: E402
 
 from agent.echo import EchoAgent  # noqa: E402
 from resample.g711 import ulaw_encode  # noqa: E402
@@ -55,6 +51,7 @@ from sip_bridge.media_rtcp import RtcpLink  # noqa: E402
 from sip_bridge.native import check as native_check  # noqa: E402
 from sip_bridge.rtcp_session import RtcpSession  # noqa: E402
 from sip_bridge.rtp_ports import RtpPortPool  # noqa: E402
+from testkit.media_fakes import FakeLoop  # noqa: E402
 
 PEER = ("127.0.0.1", 4000)
 TICK = 0.005
@@ -224,8 +221,6 @@ def _as_python(argv: list[str]) -> dict[str, Any]:
                 Path(tmp) / pkg,
                 ignore=shutil.ignore_patterns("*.so", "__pycache__", "out"),
             )
-        (Path(tmp) / "tests").mkdir()
-        shutil.copy(ROOT / "tests" / "media_fakes.py", Path(tmp) / "tests")
         args = [a for a in argv if a not in ("--compare-python", "--profile", "--breakdown")]
         out = subprocess.run(
             [sys.executable, str(Path(tmp) / "bench" / Path(__file__).name), *args],

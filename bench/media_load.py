@@ -32,17 +32,14 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from agent.echo import EchoAgent  # noqa: E402
+from bench.media_cpu import SPENT, timed  # noqa: E402  (one CPU-time wrapper for both benches)
 from resample.g711 import ulaw_encode  # noqa: E402
 from sip_bridge.media import CallMedia, MediaParams  # noqa: E402
 from sip_bridge.media_io import RtpProtocol  # noqa: E402
 from sip_bridge.native import check as native_check  # noqa: E402
 from sip_bridge.rtp_ports import RtpPortPool  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from media_cpu import SPENT, timed  # noqa: E402  (one CPU-time wrapper for both benches)
 
 
 def _peer(ports: list[int], port_q: Any, stop: Any) -> None:

@@ -28,7 +28,6 @@ import asyncio
 import json
 import shutil
 import sqlite3
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,7 +36,6 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
 from sip_bridge.records import CallRecords  # noqa: E402
 from sip_bridge.records_retention import DAY_S, purge  # noqa: E402

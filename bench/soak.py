@@ -48,13 +48,11 @@ from typing import Any
 import aiomqtt
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
-sys.path.insert(0, str(ROOT / "tests"))
 
-import fuzz  # noqa: E402
-from calls import TONE_NAME, _free_port, find_sipp, write_tone  # noqa: E402
-from kamailio_runner import Kamailio  # noqa: E402
-from mosquitto_runner import Mosquitto  # noqa: E402
+from bench import fuzz  # noqa: E402
+from bench.calls import TONE_NAME, _free_port, find_sipp, write_tone  # noqa: E402
+from testkit.kamailio_runner import Kamailio  # noqa: E402
+from testkit.mosquitto_runner import Mosquitto  # noqa: E402
 
 BRIDGE = Path(sys.executable).with_name("sip-bridge")
 CALL_SCENARIO = ROOT / "bench" / "sipp" / "uac_soak_call.xml"

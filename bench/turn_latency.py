@@ -1,7 +1,7 @@
 """Turn latency on the wire: caller stops speaking -> first packet of the spoken reply.
 
 Runs the bridge in this process with the voice agent and the demo profile (real models),
-and has a packet-level caller (`tests/wire_caller.py`) ask espeak-ng questions turn after
+and has a packet-level caller (`testkit/wire_caller.py`) ask espeak-ng questions turn after
 turn. Per turn: the send time of the caller's last RTP packet with speech energy, and the
 arrival time of the first reply packet with speech energy after it. The agent's own
 timestamps (same monotonic clock) split that into stages: end of turn (network, jitter
@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -29,13 +28,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # shared test peers
-from wire_caller import WireCaller, espeak
-
 from agent.voice import TurnTiming, VoiceAgent
 from sip_bridge.agents import make_agent
 from sip_bridge.config import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer
+from testkit.wire_caller import WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"

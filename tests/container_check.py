@@ -57,8 +57,7 @@ def main() -> int:
     ap.add_argument("--ulimit", action="append", default=None,
                     help="podman run --ulimit (default: nofile and nproc as below)")  # fmt: skip
     args = ap.parse_args()
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_deploy import _question, _transcribe
+    from testkit.recorded_call import spoken_question, transcribe_recording
 
     podman = ["podman", *(["--runtime", args.runtime] if args.runtime else [])]
     ulimits = args.ulimit or ["nofile=20000:20000", "nproc=4096:4096"]
@@ -95,10 +94,10 @@ def main() -> int:
             print(logs, flush=True)
             heard = work / "answer.wav"
             _run([str(ROOT / ".venv" / "bin" / "sip-bridge"), "call",
-                  f"sip:voice@127.0.0.1:{port}", "--play", str(_question(work / "q.wav")),
+                  f"sip:voice@127.0.0.1:{port}", "--play", str(spoken_question(work / "q.wav")),
                   "--record", str(heard), "--duration", "13",
                   "--rtp-ports", "47700-47799"])  # fmt: skip
-            text = _transcribe(heard)
+            text = transcribe_recording(heard)
             print(f"heard: {text}", flush=True)
             assert "monday" in text and "friday" in text, text
             _run(["podman", "stop", name], capture_output=True)

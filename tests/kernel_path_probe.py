@@ -15,10 +15,10 @@ import wave
 
 import numpy as np
 import test_unsigned_weights as toy
-from models import model_file
 
 from agent.turn import SmartTurn
 from model_runtime.unsigned_weights import unsigned_weights
+from testkit.models import model_file
 
 #: (start, end) seconds of beckett.wav scored: "Ever tried." with 200 ms of the pause
 #: after it, and a cut in the middle of "Ever failed" (two windows: emulation is slow).

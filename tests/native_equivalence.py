@@ -23,7 +23,6 @@ from types import SimpleNamespace
 from typing import Any, cast
 
 import numpy as np
-from media_fakes import FakeLoop
 from numpy.typing import NDArray
 
 import jitter.jitterbuffer
@@ -38,6 +37,7 @@ from sip_bridge.media_io import AudioRtpSender, Datagram
 from sip_bridge.media_rtcp import RtcpLink
 from sip_bridge.rtcp_session import RtcpSession
 from sip_bridge.rtp_ports import RtpPortPool
+from testkit.media_fakes import FakeLoop
 
 PEER = ("127.0.0.1", 4000)
 TICK = 0.005

@@ -20,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import model_file as _model_file
 from numpy.typing import NDArray
 
 from agent.asr import IncrementalTranscriber, MoonshineAsr, Tokenizer
 from agent.transcript import Transcript
 from resample.resampler import Resampler
+from testkit.models import model_file as _model_file
 
 RATE = 16000
 FRAME = 320  # 20 ms

@@ -1,6 +1,6 @@
 """baresip (Debian `baresip-core` 1.0.0) as a real SIP peer of the bridge.
 
-baresip runs headless, typed at through its stdin (tests/peers/baresip.py): its `aufile`
+baresip runs headless, typed at through its stdin (testkit/peers/baresip.py): its `aufile`
 source plays a tone WAV into the call and its `sndfile` filter records what it decoded.
 Calls go both ways; audio is checked by the frequency and level each side heard, DTMF by
 the keys the far side decoded (RFC 4733 both ways), hold by the bridge's live media state
@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-from peers.baresip import Baresip
-from peers.support import (
+
+from testkit.peers.baresip import Baresip
+from testkit.peers.support import (
     BridgeThread,
     HearingBridgeThread,
     assert_tone,

@@ -1,7 +1,7 @@
 """Barge-in on the real models: callers at line levels stop the agent, its own echo never does.
 
 The agent (VAD, echo canceller, the demo profile's greeting and replies in Piper's voice)
-runs tick by tick over a simulated line (tests/barge_in_sim.py): our voice comes back late,
+runs tick by tick over a simulated line (testkit/barge_in_sim.py): our voice comes back late,
 down by the echo return loss, through a hybrid's band-pass and G.711, over line noise. The
 callers are espeak-ng voices and two human recordings (beckett.wav; an Asterisk prompt) at
 exact active-speech levels. What is checked is behaviour: the tick the agent flushed its
@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
-from line_echo import at_level, espeak_voice
 from numpy.typing import NDArray
 
 from agent.base import HangupEvent
 from agent.voice import VoiceSettings
+from testkit.barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
+from testkit.line_echo import at_level, espeak_voice
 
 QUESTION = "Hello, I would like to ask about my order, it has not arrived yet."
 ASTERISK = Path("/usr/share/asterisk/sounds/en/vm-intro.wav")  # asterisk-core-sounds-en-wav

@@ -11,7 +11,8 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from demo_bridge import ROOT, shipped_bridge
+
+from testkit.demo_bridge import ROOT, shipped_bridge
 
 pytestmark = pytest.mark.timeout(600)
 

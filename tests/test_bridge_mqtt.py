@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import aiomqtt
-from mosquitto_runner import Mosquitto
-from sipp_media import tone, write_wav
 
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import load_config
 from sip_bridge.server import BridgeServer
+from testkit.mosquitto_runner import Mosquitto
+from testkit.sipp_media import tone, write_wav
 
 
 def _config(tmp_path: Path, broker: Mosquitto, node: str) -> Path:

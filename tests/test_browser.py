@@ -28,8 +28,6 @@ import av
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from peers.chromium import chromium, start_recording, stop_recording
-from peers.support import free_udp_port
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver import Chrome
 from selenium.webdriver.common.by import By
@@ -39,6 +37,8 @@ from selenium.webdriver.support.ui import WebDriverWait
 from resample import Resampler
 from sip_bridge.agents import prepare_agents
 from sip_bridge.config import load_config
+from testkit.peers.chromium import chromium, start_recording, stop_recording
+from testkit.peers.support import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "operator-token-for-the-browser-test"

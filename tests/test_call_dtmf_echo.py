@@ -14,7 +14,6 @@ from dataclasses import replace
 
 import numpy as np
 from numpy.typing import NDArray
-from phone import phone_request
 
 from agent import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent
 from sip_bridge.config import BridgeConfig
@@ -23,6 +22,7 @@ from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.rtp_ports import RtpPortPool
 from sip_bridge.sdp import parse_sdp
 from sip_bridge.server import BridgeServer
+from testkit.phone import phone_request
 
 KEYS = "159#"
 

@@ -14,7 +14,6 @@ import socket
 from dataclasses import replace
 
 import numpy as np
-from phone import phone_request
 
 from resample import ulaw_decode, ulaw_encode
 from sip_bridge.config import BridgeConfig
@@ -22,6 +21,7 @@ from sip_bridge.message import SipResponse, parse_message
 from sip_bridge.rtp import RtpPacket, RtpSender
 from sip_bridge.sdp import parse_sdp
 from sip_bridge.server import BridgeServer
+from testkit.phone import phone_request
 
 ECHO_DELAY_S = 0.4
 

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
-from sipp_media import write_wav
 
 from agent.base import Agent, AgentOutput, CallInfo, TurnCompleted
 from sip_bridge.call_recording import MUTE_HANGOVER, StereoRecorder, recording_path
@@ -16,6 +15,7 @@ from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import load_config
 from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
+from testkit.sipp_media import write_wav
 
 
 def _read(path: Path) -> tuple[NDArray[np.int16], NDArray[np.int16]]:

@@ -29,10 +29,7 @@ from typing import Any
 import aiomqtt
 import numpy as np
 import pytest
-from mosquitto_runner import Mosquitto
 from numpy.typing import NDArray
-from sipp_media import random_port_range
-from wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 from agent.dialogue import digit_runs
 from agent.voice import VoiceAgent
@@ -43,6 +40,9 @@ from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config import BridgeConfig, load_config
 from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
+from testkit.mosquitto_runner import Mosquitto
+from testkit.sipp_media import random_port_range
+from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = "4111111111111111"

@@ -23,13 +23,13 @@ from typing import Any
 import aiohttp
 import aiomqtt
 import pytest
-from mosquitto_runner import Mosquitto
-from sipp_media import random_port_range, tone, write_wav
 
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import ConfigError, parse_config_text
 from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
+from testkit.mosquitto_runner import Mosquitto
+from testkit.sipp_media import random_port_range, tone, write_wav
 
 VIEWER = "viewer-token-0123456789abcdef"
 OPERATOR = "operator-token-0123456789abcdef"

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from demo_bridge import (
+
+from testkit.demo_bridge import (
     DEMO_SCRIPTS,
     ROOT,
     TRANSFER_TARGETS,

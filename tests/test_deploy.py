@@ -22,20 +22,17 @@ import subprocess
 import sys
 import sysconfig
 import tomllib
-import wave
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pytest
-from peers.support import free_udp_port
 
-from resample import Resampler
-from sip_bridge.agents import prepare_agents
 from sip_bridge.config import load_config
 from sip_bridge.config_files import LOOKUP, SYSTEM_CONFIG
 from sip_bridge.init_dir import plan
+from testkit.peers.support import free_udp_port
+from testkit.recorded_call import spoken_question, transcribe_recording
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -180,30 +177,6 @@ def test_init_from_the_wheel_writes_a_config_that_checks(
     assert {p: p.stat().st_mtime_ns for p in target.rglob("*")} == before
 
 
-def _question(path: Path) -> Path:
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(path),
-                    "What are your opening hours?"], check=True)  # fmt: skip
-    return path
-
-
-def _transcribe(path: Path) -> str:
-    with wave.open(str(path), "rb") as w:
-        rate = w.getframerate()
-        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
-    # what was said, between the silences (Moonshine hears nothing in 13 s of which 8 are
-    # silent): 20 ms frames above -50 dBFS, with 0.3 s either side
-    frame = rate // 50
-    rms = np.sqrt(np.mean(pcm[: pcm.size // frame * frame].reshape(-1, frame) ** 2.0, axis=1))
-    loud = np.flatnonzero(rms > 32768 * 10 ** (-50 / 20))
-    assert loud.size, "the recording is silent"
-    lo, hi = max(0, (loud[0] - 15) * frame), (loud[-1] + 16) * frame
-    pcm = pcm[lo:hi]
-    up = Resampler(rate, 16000)
-    pcm16 = np.concatenate([up.process(pcm), up.flush()])
-    models, _ = prepare_agents(load_config(ROOT / "config" / "bridge.toml"))
-    return models.asr.transcribe(pcm16).lower()
-
-
 @pytest.fixture
 def running(installed: Installed, tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], int]]:
     """``sip-bridge run`` of the wheel, with no config named, from an empty directory."""
@@ -255,7 +228,7 @@ def test_the_wheel_answers_a_call_with_the_demo_agent(
     heard = tmp_path / "answer.wav"
     call = subprocess.run(
         [installed.bin("sip-bridge"), "call", f"sip:voice@127.0.0.1:{port}",
-         "--play", str(_question(tmp_path / "q.wav")), "--record", str(heard),
+         "--play", str(spoken_question(tmp_path / "q.wav")), "--record", str(heard),
          "--duration", "13", "--rtp-ports", "47700-47799"],
         cwd=tmp_path, capture_output=True, text=True, env=_env(), timeout=60,
     )  # fmt: skip
@@ -263,7 +236,7 @@ def test_the_wheel_answers_a_call_with_the_demo_agent(
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=30) == 0
     err = proc.stderr.read() if proc.stderr else ""
-    text = _transcribe(heard)
+    text = transcribe_recording(heard)
     assert "monday" in text and "friday" in text, (text, err[-4000:])  # the bridge's side
     assert "Traceback" not in err, err
     assert "an installed wheel runs it as Python" in err  # the media path, and why

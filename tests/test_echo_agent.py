@@ -6,10 +6,10 @@ import asyncio
 
 import numpy as np
 import pytest
-from agent_capture import Capture
 from numpy.typing import NDArray
 
 from agent import Agent, AgentOutput, CallInfo, DtmfEvent, EchoAgent, HangupEvent
+from testkit.agent_capture import Capture
 
 
 class KeyCapture(Capture):

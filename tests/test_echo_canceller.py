@@ -14,11 +14,11 @@ import time
 
 import numpy as np
 import pytest
-from barge_in_sim import models
-from line_echo import LineEcho, at_level, espeak_voice, g711, line_noise
 from numpy.typing import NDArray
 
 from agent.echo_canceller import EchoCanceller
+from testkit.barge_in_sim import models
+from testkit.line_echo import LineEcho, at_level, espeak_voice, g711, line_noise
 
 N = 160
 RATE = 8000

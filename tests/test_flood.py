@@ -12,14 +12,11 @@ figures are the bench's business (`bench/flood.py`), not asserted here.
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import flood
+from bench import flood
 
 CALLS = 4
 

@@ -4,15 +4,11 @@ never raises. The long run (1,000,000 inputs per target) is `bench/fuzz.py`."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import fuzz
-
+from bench import fuzz
 from sip_bridge.config import parse_config_text
 
 SHORT = {"config": 400}  # the loader parses a 5 KB file each time: slower

@@ -1,7 +1,7 @@
 """Kamailio (pbx_examples/kamailio, the shipped cfg) dispatching calls to sip-bridge nodes.
 
 Two BridgeServers (echo agent) run in this process on 127.0.0.1; Kamailio runs in front of
-them with a 1 s OPTIONS probe, and sipp calls Kamailio. The scenario (tests/kamailio_runner.py)
+them with a 1 s OPTIONS probe, and sipp calls Kamailio. The scenario (testkit/kamailio_runner.py)
 checks that the 200 carries the proxy's Record-Route and sends the ACK and BYE back through
 the proxy with a Route header (loose routing): a call only ends cleanly, and only counts as
 ended on its node, if the in-dialog requests found their way.
@@ -15,12 +15,11 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from kamailio_runner import Kamailio, write_proxy_scenario
-from sipp_media import sipp_counts
-from sipp_runner import finish, free_port, start_sipp
-
 from sip_bridge.config import BridgeConfig
 from sip_bridge.server import BridgeServer
+from testkit.kamailio_runner import Kamailio, write_proxy_scenario
+from testkit.sipp_media import sipp_counts
+from testkit.sipp_runner import finish, free_port, start_sipp
 
 PROBE_S = 1  # ds_ping_interval in these tests
 FR_TIMER_MS = 1000  # how long a silent node (or probe) is waited for

@@ -5,7 +5,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from wire_caller import espeak
 
 from sip_bridge.line_sim import (
     LineEcho,
@@ -14,6 +13,7 @@ from sip_bridge.line_sim import (
     hybrid_filter,
     scale_to_level,
 )
+from testkit.wire_caller import espeak
 
 
 def _db(x: NDArray[np.float64] | NDArray[np.int16]) -> float:

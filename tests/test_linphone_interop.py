@@ -1,7 +1,7 @@
 """linphonec (Debian `linphone-cli`, liblinphone 5.1) as a real SIP peer of the bridge.
 
 linphonec runs headless with its "files" sound card: it plays a tone WAV into the call
-and records what it hears (tests/peers/linphone.py). Calls go both ways; audio is checked
+and records what it hears (testkit/peers/linphone.py). Calls go both ways; audio is checked
 by the frequency and level each side heard, DTMF by the digits the far side got, hold by
 the bridge's live media state and by the echo coming back after resume.
 """
@@ -12,8 +12,8 @@ import re
 import time
 from pathlib import Path
 
-from peers.linphone import Linphonec
-from peers.support import (
+from testkit.peers.linphone import Linphonec
+from testkit.peers.support import (
     BridgeThread,
     assert_tone,
     bridge_calls,

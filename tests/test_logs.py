@@ -17,7 +17,6 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from sipp_media import tone, write_wav
 
 from agent.base import Agent
 from agent.echo import EchoAgent
@@ -25,6 +24,7 @@ from sip_bridge import logs
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import BridgeConfig, ConfigError, parse_config_text
 from sip_bridge.server import BridgeServer
+from testkit.sipp_media import tone, write_wav
 
 log = logging.getLogger("tests.chatty")
 

@@ -4,14 +4,10 @@ bench itself)."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-
-import long_call
-from long_call import summarize
+from bench import long_call
+from bench.long_call import summarize
 
 LIMITS: dict[str, float | None] = {"playout_ms": 60_000.0, "model_jobs_queued": None}
 

@@ -16,7 +16,6 @@ from collections import Counter
 from typing import Any, cast
 
 import numpy as np
-from media_fakes import FakeLoop
 from numpy.typing import NDArray
 
 from agent import Agent, AgentOutput, CallInfo, EchoAgent
@@ -25,6 +24,7 @@ from sip_bridge.media import CallMedia, MediaParams
 from sip_bridge.media_clock import MediaClock, media_clock
 from sip_bridge.rtp import RtpPacket, RtpSender
 from sip_bridge.rtp_ports import RtpPortPool
+from testkit.media_fakes import FakeLoop
 
 PEER = ("127.0.0.1", 4000)
 TICK = 0.005

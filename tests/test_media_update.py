@@ -13,7 +13,6 @@ import random
 import socket
 
 import pytest
-from phone import phone_request
 
 from agent import CallInfo, EchoAgent
 from sip_bridge.config import BridgeConfig
@@ -23,6 +22,7 @@ from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.rtp_ports import RtpPortPool
 from sip_bridge.rtp_receiver import LATCH_PACKETS
 from sip_bridge.server import BridgeServer
+from testkit.phone import phone_request
 
 HOST = "127.0.0.1"
 FRAME = 160

@@ -21,8 +21,6 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from sipp_media import random_port_range
-from wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 from agent.base import Agent, AgentOutput, CallInfo
 from agent.model_guard import ModelGuard
@@ -33,6 +31,8 @@ from sip_bridge.config import BridgeConfig, load_config
 from sip_bridge.metrics import BridgeMetrics
 from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
+from testkit.sipp_media import random_port_range
+from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = ROOT / "config" / "prompts" / "technical_difficulty.wav"

@@ -1,6 +1,6 @@
 """Call events and commands over MQTT against a real mosquitto on loopback.
 
-Every broker test starts its own broker (tests/mosquitto_runner.py) and watches what the
+Every broker test starts its own broker (testkit/mosquitto_runner.py) and watches what the
 bridge sends with a separate aiomqtt client, the way an operator's consumer would.
 """
 
@@ -15,7 +15,6 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from mosquitto_runner import HOST, Mosquitto, free_port
 
 from sip_bridge import call_events as ce
 from sip_bridge.call_events import (
@@ -28,6 +27,7 @@ from sip_bridge.call_events import (
     parse_command,
 )
 from sip_bridge.mqtt_link import MqttLink
+from testkit.mosquitto_runner import HOST, Mosquitto, free_port
 
 pytestmark = pytest.mark.timeout(30)
 NODE = "n1"

@@ -13,10 +13,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sipp_runner import run_sipp
 
 from sip_bridge.config import BridgeConfig, TimersConfig
 from sip_bridge.server import BridgeServer
+from testkit.sipp_runner import run_sipp
 
 
 def _fds() -> int:

@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort  # type: ignore[import-untyped]
 import pytest
-from models import model_file as _model_file
 from onnx import TensorProto, helper, numpy_helper
 
 from model_runtime.ort_convert import _topological, ort_to_onnx
+from testkit.models import model_file as _model_file
 
 
 def _session(path: Path) -> ort.InferenceSession:

@@ -18,7 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from kamailio_runner import (
+
+from sip_bridge.config import BridgeConfig, load_config
+from testkit.kamailio_runner import (
     DISPATCHER_LIST,
     EXAMPLES,
     KAMAILIO_CFG,
@@ -27,9 +29,7 @@ from kamailio_runner import (
     check_config,
     defines,
 )
-from sipp_runner import free_port
-
-from sip_bridge.config import BridgeConfig, load_config
+from testkit.sipp_runner import free_port
 
 ASTERISK = EXAMPLES / "asterisk"
 FREESWITCH = EXAMPLES / "freeswitch"

@@ -19,7 +19,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sip_bridge.pcap import (
+from sip_bridge.rtp import InterarrivalJitter, RtpPacket, unwrap_seq
+from testkit.pcap import (
     LINKTYPE_EN10MB,
     LINKTYPE_IPV4,
     LINKTYPE_LINUX_SLL,
@@ -32,7 +33,6 @@ from sip_bridge.pcap import (
     iter_udp,
     read_rtp_packets,
 )
-from sip_bridge.rtp import InterarrivalJitter, RtpPacket, unwrap_seq
 
 TRACE = Path(__file__).parent / "data" / "rtp_loopback_pcmu.pcap"
 

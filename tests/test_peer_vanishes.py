@@ -8,11 +8,10 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from wire_caller import WireCaller
-
 from sip_bridge.config import BridgeConfig
 from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
+from testkit.wire_caller import WireCaller
 
 
 def _config(db: Path) -> BridgeConfig:

@@ -1,6 +1,6 @@
 """pjsua2 (PyPI `pjsua2-python`, pjproject 2.15) as an independent SIP peer of the bridge.
 
-Each phone is tests/peers/pjsua_peer.py in a subprocess (the C library may crash or hang;
+Each phone is testkit/peers/pjsua_peer.py in a subprocess (the C library may crash or hang;
 pytest must not), on pjmedia's null sound device, playing a tone WAV and recording what
 it hears. Calls go both ways; audio is checked by the frequency and level each side heard,
 DTMF by the digits the far side reported, hold by the bridge's live media state.
@@ -22,7 +22,11 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from peers.support import (
+
+from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, TransferRequest, TransferResult
+from agent.echo import EchoAgent
+from sip_bridge.config import BridgeConfig
+from testkit.peers.support import (
     LineReader,
     assert_tone,
     bridge_calls,
@@ -37,10 +41,6 @@ from peers.support import (
     wait_until,
     write_tone,
 )
-
-from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, TransferRequest, TransferResult
-from agent.echo import EchoAgent
-from sip_bridge.config import BridgeConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = Path(__file__).parent / "peers" / "pjsua_peer.py"

@@ -7,10 +7,10 @@ import wave
 from pathlib import Path
 
 import numpy as np
-from agent_capture import Capture
 
 from agent.base import CallInfo, DtmfEvent
 from agent.play_record import PlayRecordAgent
+from testkit.agent_capture import Capture
 
 
 def test_plays_one_frame_per_frame_heard_and_records_at_8k(tmp_path: Path) -> None:

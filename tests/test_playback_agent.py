@@ -9,12 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from agent_capture import Capture
 from numpy.typing import NDArray
 
 from agent.base import CallInfo, HangupEvent
 from agent.playback import PlaybackAgent, WavFormatError, load_wav
 from resample import SUPPORTED_RATES, Resampler
+from testkit.agent_capture import Capture
 
 FRAME = 480
 

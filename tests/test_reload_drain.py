@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sipp_media import tone, write_wav
 
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.config import BridgeConfig, load_config
@@ -24,6 +23,7 @@ from sip_bridge.records import CallRecords
 from sip_bridge.records_cli import main as calls_main
 from sip_bridge.reload import ConfigWatcher, keep_bound, reload_bridge, watched_files
 from sip_bridge.server import BridgeServer
+from testkit.sipp_media import tone, write_wav
 
 ROOT = Path(__file__).resolve().parents[1]
 BRIDGE = ROOT / ".venv" / "bin" / "sip-bridge"

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from numpy.typing import NDArray
 
 from resample import Resampler, design_filter
-from resample.analysis import (
+from testkit.analysis import (
     amplitude_spectrum,
     measure_delay_s,
     measure_gain_db,

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sipp_media import tone, write_wav
 
 from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.cli import main as cli_main
 from sip_bridge.config import ConfigError, load_config
 from sip_bridge.routes import RouteConfig, match_route, user_part
 from sip_bridge.server import BridgeServer
+from testkit.sipp_media import tone, write_wav
 
 DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
 

@@ -1,6 +1,6 @@
 """RTP injection against a live call: a stranger's packets never take the call over.
 
-An in-process bridge answers a packet-level caller (tests/wire_caller.py) with the echo
+An in-process bridge answers a packet-level caller (testkit/wire_caller.py) with the echo
 agent; the caller says a 700 Hz tone. An attacker on another loopback port and another
 127.0.0.x address sends RTP with the call's own SSRC, sequence numbers ahead, twice the
 packet rate, carrying a loud 1900 Hz tone. After latching (or with latching off) the echo
@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from wire_caller import WireCaller, _Rtp
 
 from resample.g711 import ulaw_encode
 from sip_bridge.config import BridgeConfig
@@ -36,6 +35,7 @@ from sip_bridge.rtp import RtpPacket
 from sip_bridge.server import BridgeServer
 from sip_bridge.transport import Received, SipTransport
 from sip_bridge.uac import OutboundCall
+from testkit.wire_caller import WireCaller, _Rtp
 
 CALLER_HZ, ATTACK_HZ = 700.0, 1900.0
 FRAME = 160

@@ -41,13 +41,13 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from sipp_media import random_port_range, tone, write_wav
 
 from sip_bridge.admission import InboundPolicy
 from sip_bridge.config import InboundConfig
 from sip_bridge.digest import DigestClient, choose_challenge
 from sip_bridge.message import SipRequest, parse_message
 from sip_bridge.trunks import TrunkConfig
+from testkit.sipp_media import random_port_range, tone, write_wav
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = ROOT / ".venv" / "bin"

@@ -15,8 +15,6 @@ from typing import Any
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from sipp_media import random_port_range
-from sipp_runner import free_port, sipp_command
 
 from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, TransferRequest, TransferResult
 from sip_bridge.config import BridgeConfig, load_config
@@ -27,6 +25,8 @@ from sip_bridge.script_leg import LineOptions
 from sip_bridge.script_report import CallReport, junit_xml
 from sip_bridge.script_runner import RunOptions, Transcriber, run_script
 from sip_bridge.server import BridgeServer
+from testkit.sipp_media import random_port_range
+from testkit.sipp_runner import free_port, sipp_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

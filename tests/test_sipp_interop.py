@@ -12,10 +12,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from sipp_runner import run_sipp
 
 from sip_bridge.config import BridgeConfig, InboundConfig, SipConfig, TimersConfig
 from sip_bridge.server import BridgeServer
+from testkit.sipp_runner import run_sipp
 
 # the floods send 500 INVITEs a second over UDP: a full collection of this pytest process's
 # heap stalls the bridge long enough for the socket's buffer to overflow (4 and 22 of 1,000

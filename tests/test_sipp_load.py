@@ -25,7 +25,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from sipp_media import (
+
+from sip_bridge.config import BridgeConfig
+from sip_bridge.media import MediaStats
+from sip_bridge.server import BridgeServer
+from testkit.sipp_media import (
     HOST,
     random_port_range,
     run_sipp_in,
@@ -34,10 +38,6 @@ from sipp_media import (
     udp_socket_counters,
     write_ulaw,
 )
-
-from sip_bridge.config import BridgeConfig
-from sip_bridge.media import MediaStats
-from sip_bridge.server import BridgeServer
 
 CALLS = 100
 RATE_CPS = 50

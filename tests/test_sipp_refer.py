@@ -14,7 +14,6 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
-from sipp_runner import run_sipp
 
 from agent.base import (
     Agent,
@@ -26,6 +25,7 @@ from agent.base import (
 )
 from sip_bridge.config import BridgeConfig
 from sip_bridge.server import BridgeServer
+from testkit.sipp_runner import run_sipp
 
 
 class TransferringAgent(Agent):

@@ -28,14 +28,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from peers.support import dominant_hz
-from sipp_media import HOST, random_port_range, run_sipp_in, tone, write_ulaw
 
 from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from sip_bridge.config import BridgeConfig
 from sip_bridge.media import MediaStats
 from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.server import BridgeServer
+from testkit.peers.support import dominant_hz
+from testkit.sipp_media import HOST, random_port_range, run_sipp_in, tone, write_ulaw
 
 NEW_IP = "127.0.0.2"  # all of 127/8 is local on Linux: a second address without setup
 FRAME = 160  # 20 ms of G.711

@@ -8,12 +8,12 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from dialogue_turns import said
 
 from agent.dialogue import DialogueEngine
 from agent.profile import ProfileError
 from agent.profile_loader import load_profile
 from agent.transcript import Transcript, confidence_of, joined
+from testkit.dialogue_turns import said
 
 TODAY = dt.date(2026, 11, 25)  # a Wednesday
 

@@ -8,7 +8,6 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from dialogue_turns import said
 
 from agent.dialogue import DialogueEngine, ReplyPart, Say
 from agent.formatters import apply, date_spoken, ordinal, time_spoken
@@ -24,6 +23,7 @@ from agent.slot_values import (
     time_from_keys,
 )
 from agent.words import normalize
+from testkit.dialogue_turns import said
 
 ROOT = Path(__file__).resolve().parents[1]
 BOOKING = load_profile(ROOT / "config" / "agents" / "booking.toml")

@@ -13,15 +13,15 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from peers.support import dominant_hz
-from sipp_media import random_port_range
 from test_speech_to_speech import delay_model
-from wire_caller import WireCaller
 
 from model_runtime.batching import TickBatcher
 from sip_bridge import agents
 from sip_bridge.config import ConfigError, load_config
 from sip_bridge.server import BridgeServer
+from testkit.peers.support import dominant_hz
+from testkit.sipp_media import random_port_range
+from testkit.wire_caller import WireCaller
 
 
 def _config(tmp_path: Path, model: Path) -> Path:

@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import onnx
 import pytest
-from agent_capture import Capture
 from numpy.typing import NDArray
 from onnx import TensorProto, helper
 
@@ -23,6 +22,7 @@ from agent.base import CallInfo
 from agent.speech_to_speech import SpeechToSpeechAgent
 from model_runtime.batching import TickBatcher
 from model_runtime.speech_to_speech import SpeechModelSpec, SpeechToSpeechModel, StreamState
+from testkit.agent_capture import Capture
 
 N = 400  # model frame: 25 ms at 16 kHz (the bridge ticks 20 ms: 320 samples)
 RATE = 16000

@@ -23,8 +23,12 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from peers.baresip import Baresip
-from peers.support import (
+
+from sip_bridge.caller import CallOptions, place_call
+from sip_bridge.config_types import TlsConfig
+from sip_bridge.rtp import RtpPacket
+from testkit.peers.baresip import Baresip
+from testkit.peers.support import (
     HearingBridgeThread,
     assert_tone,
     bridge_config,
@@ -36,10 +40,6 @@ from peers.support import (
     wait_until,
     write_tone,
 )
-
-from sip_bridge.caller import CallOptions, place_call
-from sip_bridge.config_types import TlsConfig
-from sip_bridge.rtp import RtpPacket
 
 HOST = "127.0.0.1"
 SRTP_ON = r"SRTP is Enabled \(cryptosuite=AES_CM_128_HMAC_SHA1_80\)"

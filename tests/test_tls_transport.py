@@ -20,7 +20,6 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from phone import phone_request
 
 from sip_bridge.config import BridgeConfig, ConfigError, TlsConfig, load_config
 from sip_bridge.framing import StreamFramer
@@ -38,6 +37,7 @@ from sip_bridge.transport import (
     tls_client_context,
     tls_server_context,
 )
+from testkit.phone import phone_request
 
 HOST = "127.0.0.1"
 

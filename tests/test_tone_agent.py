@@ -6,11 +6,11 @@ import asyncio
 
 import numpy as np
 import pytest
-from agent_capture import Capture
 from numpy.typing import NDArray
 
 from agent.base import CallInfo
 from agent.tone import ToneAgent
+from testkit.agent_capture import Capture
 
 FRAME = 480  # 20 ms at 24 kHz
 

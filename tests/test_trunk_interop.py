@@ -10,11 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sipp_runner import finish, free_port, run_sipp, start_sipp
-
 from sip_bridge.config import BridgeConfig, ControlConfig
 from sip_bridge.server import BridgeServer
 from sip_bridge.trunks import TrunkConfig
+from testkit.sipp_runner import finish, free_port, run_sipp, start_sipp
 
 
 def _config(tmp_path: Path, *trunks: TrunkConfig) -> BridgeConfig:

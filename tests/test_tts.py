@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import model_file as _model_file
 from numpy.typing import NDArray
 
 from agent.asr import MoonshineAsr
 from agent.tts import PiperTts, normalize_for_speech
 from resample.g711 import ulaw_decode, ulaw_encode
 from resample.resampler import Resampler
+from testkit.models import model_file as _model_file
 
 SR = PiperTts.sample_rate
 OFFICE = "Our office is open from nine to five, Monday to Friday."

@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 import scipy.signal
-from models import model_file as _model_file
 from numpy.typing import NDArray
 
 from agent.melspec import HOP, N_FFT, hann_periodic, log_mel, mel_filters, power_spectrogram
 from agent.turn import EndOfTurn, SmartTurn, TurnDecision
 from agent.voice_settings import VoiceSettings
+from testkit.models import model_file as _model_file
 
 RATE = 16000
 FRAME = 320  # 20 ms

@@ -28,14 +28,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import model_file
 from numpy.typing import NDArray
-from wire_caller import espeak
 
 from agent.turn import EndOfTurn, SmartTurn
 from agent.voice_settings import VoiceSettings
 from resample import g711
 from resample.resampler import Resampler
+from testkit.models import model_file
+from testkit.wire_caller import espeak
 
 PIN = Path(__file__).parent / "data" / "smart_turn_decisions.json"
 THRESHOLD = VoiceSettings().turn_threshold  # the shipped default

@@ -1,6 +1,6 @@
 """A caller who pauses mid-utterance: one turn, one answer, and nothing they said is lost.
 
-The agent runs on its real models over a simulated line (tests/barge_in_sim.py), ticking in
+The agent runs on its real models over a simulated line (testkit/barge_in_sim.py), ticking in
 real time so that end of turn, ASR and TTS take the time they take. The caller pauses long
 enough for the agent to end the turn and start a reply, then goes on within a second: the
 reply stops, the halves are answered together, and the call record (the agent's
@@ -16,11 +16,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from barge_in_sim import Line, Sim, models
-from line_echo import at_level, espeak_voice
 from numpy.typing import NDArray
 
 from agent.base import HangupEvent, TurnCompleted
+from testkit.barge_in_sim import Line, Sim, models
+from testkit.line_echo import at_level, espeak_voice
 
 GOODBYE = Path("/usr/share/asterisk/sounds/en/goodbye.wav")  # a person saying it
 

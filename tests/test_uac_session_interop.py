@@ -13,7 +13,8 @@ import wave
 from pathlib import Path
 
 import numpy as np
-from sipp_runner import finish, free_port, start_sipp
+
+from testkit.sipp_runner import finish, free_port, start_sipp
 
 SCENARIO = "uas_session_timer_uac.xml"
 BRIDGE = Path(__file__).resolve().parent.parent / ".venv" / "bin" / "sip-bridge"

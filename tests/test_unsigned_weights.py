@@ -15,10 +15,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort  # type: ignore[import-untyped]
 import pytest
-from models import model_file as _model_file
 from onnx import TensorProto, helper, numpy_helper
 
 from model_runtime.unsigned_weights import int8_weights_to_uint8, unsigned_weights
+from testkit.models import model_file as _model_file
 
 X_SCALE, W_SCALE = np.float32(0.05), np.float32(0.01)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from models import model_file as _model_file
 from numpy.typing import NDArray
 
 from agent.vad import (
@@ -27,6 +26,7 @@ from model_runtime.batching import TickBatcher
 from model_runtime.sessions import ModelRuntimeError
 from resample import g711
 from resample.resampler import Resampler
+from testkit.models import model_file as _model_file
 
 RATE = 8000
 FRAME = 160  # 20 ms at 8 kHz: what the bridge hands the agent per tick

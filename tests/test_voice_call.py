@@ -15,8 +15,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 from numpy.typing import NDArray
-from sipp_media import random_port_range
-from wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 from agent.base import FADE_MS
 from agent.voice import VoiceAgent
@@ -25,6 +23,8 @@ from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config import BridgeConfig, load_config
 from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
+from testkit.sipp_media import random_port_range
+from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
 

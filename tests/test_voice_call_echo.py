@@ -2,7 +2,7 @@
 
 The bridge runs the shipped config (voice agent, demo profile, real models); the caller is
 the packet-level phone (`wire_caller.py`) on loopback, whose line sends back what it plays,
-down by the echo return loss, late, through a hybrid's band-pass (tests/line_echo.py), as
+down by the echo return loss, late, through a hybrid's band-pass (testkit/line_echo.py), as
 a 2-wire line does. It plays our packets by RTP timestamp on its own clock, so the echo's
 delay as the agent counts it moves by whole frames from one reply to the next (our send
 grid restarts at each talkspurt, the jitter buffers on both ends adapt): the canceller
@@ -23,11 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from barge_in_sim import onset_sample
-from line_echo import LineEcho, at_level, espeak_voice
 from numpy.typing import NDArray
-from sipp_media import random_port_range
-from wire_caller import SPEECH_DBFS, WireCaller
 
 from agent.base import FADE_MS
 from agent.voice import VoiceAgent
@@ -35,6 +31,10 @@ from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer
+from testkit.barge_in_sim import onset_sample
+from testkit.line_echo import LineEcho, at_level, espeak_voice
+from testkit.sipp_media import random_port_range
+from testkit.wire_caller import SPEECH_DBFS, WireCaller
 
 ROOT = Path(__file__).resolve().parents[1]
 # its first 400 ms are voice with no gap ("Hello what", in one breath: a comma's 140 ms

@@ -19,11 +19,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from line_tones import ringback_frames
 from numpy.typing import NDArray
-from sipp_media import random_port_range
-from sipp_runner import free_port, start_sipp
-from wire_caller import SPEECH_DBFS, WireCaller
 
 from resample import Resampler
 from sip_bridge.agents import prepare_agents
@@ -31,6 +27,10 @@ from sip_bridge.config import DEMO_PROFILE, BridgeConfig, load_config
 from sip_bridge.console_view import live_calls
 from sip_bridge.records import CallRecords
 from sip_bridge.server import BridgeServer
+from testkit.line_tones import ringback_frames
+from testkit.sipp_media import random_port_range
+from testkit.sipp_runner import free_port, start_sipp
+from testkit.wire_caller import SPEECH_DBFS, WireCaller
 
 ROOT = Path(__file__).resolve().parents[1]
 QUEUE = "sip:agent@127.0.0.1:5070"  # the demo's transfer target, pointed at sipp here

@@ -8,10 +8,10 @@ from typing import Any, cast
 
 import numpy as np
 from numpy.typing import NDArray
-from peers.support import dominant_hz
 
 from agent.voice_models import FIRST_WORDS, VoiceModels
 from agent.voice_settings import ModelSettings
+from testkit.peers.support import dominant_hz
 
 
 class ToneVoice:

@@ -26,7 +26,6 @@ from aiortc import (
     RTCSessionDescription,
 )
 from numpy.typing import NDArray
-from peers.support import bridge_config, dominant_hz
 
 from agent.base import Agent, AgentOutput, CallInfo, ModelFault
 from agent.echo import EchoAgent
@@ -35,6 +34,7 @@ from sip_bridge.config import BridgeConfig, HttpConfig
 from sip_bridge.server import BridgeServer
 from sip_bridge.web_server import PageTokens
 from sip_bridge.webrtc_leg import BrowserOutput, filter_candidates, gathering_on
+from testkit.peers.support import bridge_config, dominant_hz
 
 RATE = 48000
 

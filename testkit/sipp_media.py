@@ -2,7 +2,7 @@
 running sipp in a chosen folder (rtp_stream reads its file name literally).
 
 Used by tests/test_sipp_load.py and tests/test_sipp_reinvite.py; sipp's command line and
-its pass/fail check are tests/sipp_runner.py's.
+its pass/fail check are testkit/sipp_runner.py's.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 from numpy.typing import NDArray
-from sipp_runner import finish, sipp_command
 
 from resample.g711 import ulaw_encode
+from testkit.sipp_runner import finish, sipp_command
 
 HOST = "127.0.0.1"
 

@@ -11,7 +11,7 @@ import shutil
 import socket
 from pathlib import Path
 
-SCENARIOS = Path(__file__).parent / "sipp"
+SCENARIOS = Path(__file__).resolve().parents[1] / "tests" / "sipp"
 SIPP = shutil.which("sipp")
 
 

@@ -21,9 +21,7 @@ from pathlib import Path
 from typing import Protocol
 
 import numpy as np
-from line_echo import LineEcho
 from numpy.typing import NDArray
-from transferee import ReferableCall, Transferee
 
 from resample import Resampler
 from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
@@ -34,6 +32,8 @@ from sip_bridge.transaction import SendMessage
 from sip_bridge.transport import Received, SipTransport
 from sip_bridge.uac import OutboundCall
 from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed, ReferReceived, UacEvent
+from testkit.line_echo import LineEcho
+from testkit.transferee import ReferableCall, Transferee
 
 __all__ = ["SPEECH_DBFS", "WireCaller", "espeak", "level_dbfs"]
 
@@ -95,7 +95,7 @@ class WireCaller:
     ) -> None:
         """``echo_db``: a line echo, what we hear sent back ``echo_delay_ms`` later this many
         dB down (a 2-wire hybrid's return loss), mixed into what we say. ``line_echo``: any
-        echo path instead (e.g. tests/line_echo.py's with a hybrid's colouring), fed every
+        echo path instead (e.g. testkit/line_echo.py's with a hybrid's colouring), fed every
         frame our phone plays and returning the echo of it, sample for sample. ``dtmf``:
         offer telephone-event, so :meth:`press` sends RFC 4733 keys. ``transferee``: follow
         a REFER (call the target, NOTIFY its progress; :attr:`transfer`)."""

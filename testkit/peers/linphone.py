@@ -14,7 +14,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from peers.support import LineReader, ShellPeer, free_udp_port
+from testkit.peers.support import LineReader, ShellPeer, free_udp_port
 
 LINPHONEC = shutil.which("linphonec")
 

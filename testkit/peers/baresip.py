@@ -16,7 +16,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from peers.support import LineReader, ShellPeer, free_udp_port
+from testkit.peers.support import LineReader, ShellPeer, free_udp_port
 
 BARESIP = shutil.which("baresip")
 # What baresip prints for each telephone-event it decoded; end=1 once per key press.

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from agent_capture import Capture
-from line_echo import LineEcho, active_level_dbfs, g711, line_noise
 from numpy.typing import NDArray
 
 from agent.base import CallInfo, SayText
@@ -33,6 +31,8 @@ from agent.voice_models import VoiceModels
 from agent.voice_settings import ModelSettings
 from jitter.playout import PlayoutBuffer
 from resample import Resampler
+from testkit.agent_capture import Capture
+from testkit.line_echo import LineEcho, active_level_dbfs, g711, line_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "agents" / "demo.toml"

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from sipp_media import random_port_range
-from sipp_runner import free_port, sipp_command
+from testkit.sipp_media import random_port_range
+from testkit.sipp_runner import free_port, sipp_command
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_SCRIPTS = ROOT / "config" / "scripts" / "demo"

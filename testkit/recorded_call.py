@@ -1,0 +1,45 @@
+"""A call made with ``sip-bridge call`` and checked by ear: the question it plays, and what
+its recording says. Shared by tests/test_deploy.py (the wheel in a venv) and
+tests/container_check.py (the wheel in a container)."""
+
+from __future__ import annotations
+
+import subprocess
+import wave
+from pathlib import Path
+
+import numpy as np
+
+from resample import Resampler
+from sip_bridge.agents import prepare_agents
+from sip_bridge.config import load_config
+
+__all__ = ["spoken_question", "transcribe_recording"]
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spoken_question(path: Path) -> Path:
+    """ "What are your opening hours?" in espeak-ng's voice, as a WAV at ``path``."""
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(path),
+                    "What are your opening hours?"], check=True)  # fmt: skip
+    return path
+
+
+def transcribe_recording(path: Path) -> str:
+    """What the shipped ASR hears in the WAV at ``path``, lower-case."""
+    with wave.open(str(path), "rb") as w:
+        rate = w.getframerate()
+        pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+    # what was said, between the silences (Moonshine hears nothing in 13 s of which 8 are
+    # silent): 20 ms frames above -50 dBFS, with 0.3 s either side
+    frame = rate // 50
+    rms = np.sqrt(np.mean(pcm[: pcm.size // frame * frame].reshape(-1, frame) ** 2.0, axis=1))
+    loud = np.flatnonzero(rms > 32768 * 10 ** (-50 / 20))
+    assert loud.size, "the recording is silent"
+    lo, hi = max(0, (loud[0] - 15) * frame), (loud[-1] + 16) * frame
+    pcm = pcm[lo:hi]
+    up = Resampler(rate, 16000)
+    pcm16 = np.concatenate([up.process(pcm), up.flush()])
+    models, _ = prepare_agents(load_config(ROOT / "config" / "bridge.toml"))
+    return models.asr.transcribe(pcm16).lower()
