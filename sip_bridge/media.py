@@ -174,7 +174,7 @@ class CallMedia(ClockedCall):
         stages.append(f"Agent({self.agent.name})")
         if self.down is not None:
             stages.append(f"Resample({_khz(self.down.in_rate)}->{_khz(self.down.out_rate)})")
-        stages += [f"Pacer({self.playout.frame_ms} ms)", f"G711Encode({codec})", "RTP out"]
+        stages += [f"PlayoutBuffer({self.playout.frame_ms} ms)", f"G711Encode({codec})", "RTP out"]
         return " -> ".join(stages)
 
     @property

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import random
+import re
 import struct
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,6 +28,8 @@ from sip_bridge.media import CallMedia, MediaParams, RtpReceiver
 from sip_bridge.pacer import Pacer, next_tick
 from sip_bridge.rtp import RtpPacket, RtpSender, unwrap_seq
 from sip_bridge.rtp_ports import RtpPortPool
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CODEC = {0: (ulaw_encode, ulaw_decode), 8: (alaw_encode, alaw_decode)}
 TONE_HZ = 1000.0
@@ -356,19 +360,38 @@ def test_flush_stops_queued_audio_and_hangup_reaches_the_bridge() -> None:
     assert media.hangup_requested == "done" and seen == [HangupEvent("done")]
 
 
+def _drawn_stages(doc: Path) -> list[str]:
+    """The media stages a doc's diagram names, in reading order: from its "RTP in" line to
+    its "RTP out" line ("agent" there is the agent's stage, "the agent's rate" is not)."""
+    lines = doc.read_text(encoding="utf-8").splitlines()
+    first = next(i for i, line in enumerate(lines) if "RTP in ->" in line)
+    last = next(i for i in range(first, len(lines)) if "RTP out" in lines[i])
+    text = "\n".join(lines[first : last + 1])
+    found = re.findall(
+        r"RTP in|RTP out|G711Decode|JitterBuffer|Resample|\bagent\b(?!'s)|PlayoutBuffer|G711Encode",
+        text,
+    )
+    return ["Agent" if f == "agent" else f for f in found]
+
+
 def test_describe_is_built_from_the_configured_chain() -> None:
     pool = RtpPortPool(40000, 40001)
     echo = CallMedia(EchoAgent(delay_s=0.3), pool, MediaParams("127.0.0.1", 4000))
     assert echo.describe() == (
         "RTP in -> G711Decode(PCMU) -> JitterBuffer(adaptive 20..200 ms) -> Resample(8k->24k)"
-        " -> Agent(echo) -> Resample(24k->8k) -> Pacer(20 ms) -> G711Encode(PCMU) -> RTP out"
+        " -> Agent(echo) -> Resample(24k->8k) -> PlayoutBuffer(20 ms) -> G711Encode(PCMU)"
+        " -> RTP out"
     )
     narrow = EchoAgent(delay_s=0.1, sample_rate=8000)
     params = MediaParams("::1", 4000, payload_type=8, ptime_ms=30, jitter_max_ms=120)
     assert CallMedia(narrow, pool, params).describe() == (
         "RTP in -> G711Decode(PCMA) -> JitterBuffer(adaptive 20..120 ms) -> Agent(echo)"
-        " -> Pacer(30 ms) -> G711Encode(PCMA) -> RTP out"
+        " -> PlayoutBuffer(30 ms) -> G711Encode(PCMA) -> RTP out"
     )
+    # the docs draw the same chain, stage for stage (README.md and docs/media.md)
+    names = [stage.split("(")[0] for stage in echo.describe().split(" -> ")]
+    for doc in ("README.md", "docs/media.md"):
+        assert _drawn_stages(ROOT / doc) == names, doc
     with pytest.raises(ValueError):
         MediaParams("pbx.example.com", 4000)  # resolve before
     with pytest.raises(ValueError):

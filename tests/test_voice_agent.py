@@ -41,6 +41,8 @@ from agent.profile_loader import load_profile
 from agent.sentences import split_sentences
 from agent.voice import VoiceAgent, VoiceSettings
 from agent.voice_models import FIRST_WORDS
+from sip_bridge.media import CallMedia, MediaParams
+from sip_bridge.rtp_ports import RtpPortPool
 
 DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
 
@@ -632,6 +634,16 @@ async def test_words_not_made_out_open_the_turn_the_caller_goes_on_with() -> Non
         await c.tick(120)  # over 2 s: the next words stand alone
         await c.turn("go ahead", wait_tts=False)
         assert c.agent.turns[-1].text == "go ahead" and len(c.models.clips) == clips
+
+
+def test_a_voice_agents_call_runs_at_the_line_rate_with_no_resampler() -> None:
+    """The call's chain, as built for this agent: the voice agent takes the line's 8 kHz
+    and resamples inside itself (16 kHz for its models), so the chain has no resampler."""
+    media = CallMedia(Call().agent, RtpPortPool(40000, 40001), MediaParams("127.0.0.1", 4000))
+    assert media.describe() == (
+        "RTP in -> G711Decode(PCMU) -> JitterBuffer(adaptive 20..200 ms) -> Agent(voice)"
+        " -> PlayoutBuffer(20 ms) -> G711Encode(PCMU) -> RTP out"
+    )
 
 
 def _wait(cond: Callable[[], bool]) -> bool:
