@@ -11,42 +11,44 @@ names; nothing that imports the server.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from agent.base import Agent, CallInfo
+    from agent.base import Agent, TurnCompleted
     from sip_bridge.admission import InboundPolicy
-    from sip_bridge.call_telemetry import CallFacts, CallTelemetry
+    from sip_bridge.call_telemetry import CallTelemetry, DeadAirTally
     from sip_bridge.config import BridgeConfig
-    from sip_bridge.media import CallMedia
+    from sip_bridge.media_params import MediaStats
     from sip_bridge.registrar_link import RegistrarLink
 
-__all__ = ["Bridge", "LiveCall"]
+__all__ = ["Bridge", "CallSnapshot"]
 
 
-class LiveCall(Protocol):
-    """One SIP call the bridge holds, read-only."""
+@dataclass(frozen=True)
+class CallSnapshot:
+    """One SIP call as the operators' tools show it, read at one moment: what it is, where
+    its media stands, and what was said lately, in one record (the status, the console and
+    the web API read this; none of them touches the server's per-call state)."""
+
+    call_id: str
+    caller: str
+    callee: str
+    trunk: str | None  # the [[trunks]] entry it came in on
+    route: str | None  # the [[routes]] entry that picked its agent; None: the default
+    config: BridgeConfig  # the call's own (its route's), kept across a reload
+    profile: str  # the voice profile's own name it answered with ("" before, or no profile)
+    answered: bool
+    duration_s: float  # since answered (since offered, before)
+    codec: str
+    media: MediaStats | None  # None until answered
+    recent_turns: tuple[TurnCompleted, ...]  # the last few, oldest first
+    dead_air: DeadAirTally | None  # None until measured
 
     @property
-    def call_id(self) -> str: ...
-    @property
-    def info(self) -> CallInfo: ...
-    @property
-    def media(self) -> CallMedia | None: ...  # None until answered
-    @property
-    def ended(self) -> bool: ...
-    @property
-    def trunk(self) -> str | None: ...
-    @property
-    def route(self) -> str | None: ...
-    @property
-    def config(self) -> BridgeConfig | None: ...  # its route's, kept across a reload
-    @property
-    def started_at(self) -> float: ...
-    @property
-    def answered_at(self) -> float | None: ...
-    @property
-    def facts(self) -> CallFacts | None: ...
+    def agent(self) -> str:
+        """The kind of agent answering it ([agent] name: voice, echo, ...)."""
+        return self.config.agent.name
 
 
 class Bridge(Protocol):
@@ -59,7 +61,7 @@ class Bridge(Protocol):
     @property
     def agent_factory(self) -> Callable[[BridgeConfig], Agent]: ...
     @property
-    def calls(self) -> Mapping[str, LiveCall]: ...
+    def active_calls(self) -> int: ...  # SIP calls in progress (set up or answered)
     @property
     def telemetry(self) -> CallTelemetry: ...
     @property
@@ -76,6 +78,15 @@ class Bridge(Protocol):
     def port(self) -> int: ...
     @property
     def uptime_s(self) -> float: ...
+
+    def call_snapshots(self) -> list[CallSnapshot]:
+        """Every SIP call in progress, in the order they came in."""
+        ...
+
+    def call_agent(self, call_id: str) -> Agent | None:
+        """The agent answering the call (None while it is set up); ValueError when no such
+        call is in progress here."""
+        ...
 
     def hangup(self, call_id: str, reason: str) -> None:
         """End the call (BYE, or CANCEL/487 before it was answered)."""

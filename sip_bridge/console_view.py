@@ -10,11 +10,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sip_bridge.call_telemetry import turn_total_ms
-from sip_bridge.operator_view import bridge_status
+from sip_bridge.operator_view import status_entry
 
 if TYPE_CHECKING:
     from agent.base import TurnCompleted
     from sip_bridge.bridge_surface import Bridge
+    from sip_bridge.call_telemetry import DeadAirTally
     from sip_bridge.config import BridgeConfig
     from sip_bridge.webrtc_leg import BrowserSession
 
@@ -85,9 +86,8 @@ def _turns(turns: Iterable[TurnCompleted]) -> list[dict[str, Any]]:
     ]
 
 
-def _dead_air(bridge: Bridge, call_id: str) -> dict[str, Any] | None:
+def _dead_air(tally: DeadAirTally | None) -> dict[str, Any] | None:
     """The call's dead air so far (longest and total wait in silence, ms), if measured."""
-    tally = bridge.telemetry.dead_air.get(call_id)
     if tally is None:
         return None
     return {"longest_ms": tally.longest_ms, "total_ms": tally.total_ms, "gaps": tally.gaps}
@@ -98,22 +98,21 @@ def live_calls(
 ) -> list[dict[str, Any]]:
     """Every call in progress, SIP then WebRTC, in the console's shape."""
     out = []
-    recent = bridge.telemetry.recent_turns
-    for c in bridge_status(bridge)["calls"]:
-        call = bridge.calls.get(c["call_id"])
-        cfg = call.config if call is not None and call.config is not None else bridge.config
-        turns = _turns(recent.get(c["call_id"], ()))
-        answered = call.facts.profile if call is not None and call.facts is not None else ""
+    for snap in bridge.call_snapshots():
+        c = status_entry(snap)
+        turns = _turns(snap.recent_turns)
+        cfg = snap.config
         out.append({
             "call_id": c["call_id"], "leg": "sip", "caller": c["caller"], "callee": c["callee"],
             "trunk": c["trunk"], "route": c["route"], "agent": c["agent"],
             # the profile's own name once it answered (the after-hours one, out of hours)
-            "profile": (answered or _name(cfg)) if cfg.agent.name == "voice" else None,
+            "profile": (snap.profile or _name(cfg)) if cfg.agent.name == "voice" else None,
             "state": c["state"], "duration_s": c["duration_s"],
             "jitter_ms": c.get("jitter_ms"), "loss_pct": c.get("loss_pct"),
             "turn_latency_ms": turns[-1]["total_ms"] if turns else None,
-            "dead_air": _dead_air(bridge, c["call_id"]), "last_turns": turns,
+            "dead_air": _dead_air(snap.dead_air), "last_turns": turns,
         })  # fmt: skip
+    recent, dead_air = bridge.telemetry.recent_turns, bridge.telemetry.dead_air  # WebRTC's
     for s in sessions:
         if s.closed_reason is not None:
             continue
@@ -124,6 +123,6 @@ def live_calls(
             "agent": s.agent.name, "profile": s.profile, "state": s.state,
             "duration_s": round(s.duration_s(now), 1), "jitter_ms": None, "loss_pct": None,
             "turn_latency_ms": turns[-1]["total_ms"] if turns else None,
-            "dead_air": _dead_air(bridge, s.call.call_id), "last_turns": turns,
+            "dead_air": _dead_air(dead_air.get(s.call.call_id)), "last_turns": turns,
         })  # fmt: skip
     return out

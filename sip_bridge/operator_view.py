@@ -22,9 +22,9 @@ from sip_bridge.call_events import (
 from sip_bridge.records import media_summary
 
 if TYPE_CHECKING:
-    from sip_bridge.bridge_surface import Bridge
+    from sip_bridge.bridge_surface import Bridge, CallSnapshot
 
-__all__ = ["apply_command", "bridge_status"]
+__all__ = ["apply_command", "bridge_status", "status_entry"]
 
 log = logging.getLogger("sip_bridge.server")
 
@@ -35,9 +35,7 @@ def apply_command(
     """An operator's command for one call (MQTT, or the console's API: ``via``); ValueError
     becomes an error event. What is done goes on the call's timeline with ``by``, the
     operator token's name (over MQTT the command's own ``by``, else "mqtt")."""
-    call = server.calls.get(call_id)
-    if call is None or call.ended:
-        raise ValueError(f"no call {call_id} in progress here")
+    agent = server.call_agent(call_id)  # ValueError: no such call in progress
     by = by or command.by or via
     action = command.action
     log.info("call %s: operator command %s by %s (%s)", call_id, command, by, via)
@@ -49,7 +47,6 @@ def apply_command(
         server.telemetry.operator(call_id, action, by, via, target=command.target)
         server.transfer(call_id, command.target)
         return
-    agent = call.media.agent if call.media is not None else None
     if agent is None or not agent.takes_commands:
         name = agent.name if agent is not None else "(not answered yet)"
         raise ValueError(f"agent {name} does not take {action}")
@@ -63,36 +60,39 @@ def apply_command(
         agent.on_event(ResumeAgent())
 
 
+def status_entry(c: CallSnapshot) -> dict[str, Any]:
+    """One call as ``sip-bridge status`` lists it."""
+    entry: dict[str, Any] = {
+        "call_id": c.call_id,
+        "caller": c.caller,
+        "callee": c.callee,
+        "trunk": c.trunk,
+        "route": c.route,
+        "agent": c.agent,
+        "state": "answered" if c.answered else "setting up",
+        "duration_s": round(c.duration_s, 1),
+    }
+    st = c.media
+    if st is not None:
+        jb = st.jitter
+        entry.update(
+            codec=c.codec,
+            remote=f"{st.remote[0]}:{st.remote[1]}",
+            packets_in=st.packets_in,
+            packets_out=st.packets_out,
+            jitter_delay_ms=round(jb.current_delay_ms, 1),
+            jitter_ms=round(jb.jitter_ms, 1),
+            loss_pct=round(float(media_summary(st)["loss_pct"]), 2),
+            sending=st.sending,
+            receiving=st.receiving,
+        )
+    return entry
+
+
 def bridge_status(server: Bridge) -> dict[str, Any]:
     """What an operator asks a running bridge: calls, registrations, counters."""
     now = asyncio.get_running_loop().time()
-    calls = []
-    for c in server.calls.values():
-        entry: dict[str, Any] = {
-            "call_id": c.call_id,
-            "caller": c.info.caller,
-            "callee": c.info.callee,
-            "trunk": c.trunk,
-            "route": c.route,
-            "agent": (c.config or server.config).agent.name,
-            "state": "answered" if c.media is not None else "setting up",
-            "duration_s": round(now - (c.answered_at or c.started_at), 1),
-        }
-        if c.media is not None:
-            st = c.media.stats
-            jb = st.jitter
-            entry.update(
-                codec=c.info.codec,
-                remote=f"{st.remote[0]}:{st.remote[1]}",
-                packets_in=st.packets_in,
-                packets_out=st.packets_out,
-                jitter_delay_ms=round(jb.current_delay_ms, 1),
-                jitter_ms=round(jb.jitter_ms, 1),
-                loss_pct=round(float(media_summary(st)["loss_pct"]), 2),
-                sending=st.sending,
-                receiving=st.receiving,
-            )
-        calls.append(entry)
+    calls = [status_entry(c) for c in server.call_snapshots()]
     regs = server.registrations
     sip = server.config.sip
     return {
@@ -103,7 +103,7 @@ def bridge_status(server: Bridge) -> dict[str, Any]:
         "listen": f"{'+'.join(sip.transports)} {sip.listen_host}:{server.port}",
         "agent": server.config.agent.name,
         "limits": {"max_calls": sip.max_calls},
-        "counters": {**server.stats, "active": len(server.calls)},
+        "counters": {**server.stats, "active": server.active_calls},
         "draining": server.draining,
         "admission": (
             {**server.policy.counts, "silenced": server.policy.silenced_count}

@@ -15,7 +15,7 @@ import gc
 import logging
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from agent.base import (
@@ -34,6 +34,7 @@ from agent.fallback_prompt import FAULT_REASON
 from sip_bridge import call_events as ce
 from sip_bridge.admission import InboundPolicy
 from sip_bridge.agents import load_agent_models, make_agent, profile_name, take_over
+from sip_bridge.bridge_surface import CallSnapshot
 from sip_bridge.call_events import Command
 from sip_bridge.call_recording import StereoRecorder, recording_path
 from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
@@ -618,6 +619,34 @@ class BridgeServer:
         if self.ua is None:
             raise ValueError("the bridge is not running")
         self._handle(self.ua.transfer(call_id, target, asyncio.get_running_loop().time()))
+
+    @property
+    def active_calls(self) -> int:
+        return len(self.calls)
+
+    def call_snapshots(self) -> list[CallSnapshot]:
+        now = asyncio.get_running_loop().time()
+        tel = self.telemetry
+        out = []
+        for c in self.calls.values():
+            tally = tel.dead_air.get(c.call_id)
+            out.append(CallSnapshot(
+                call_id=c.call_id, caller=c.info.caller, callee=c.info.callee,
+                trunk=c.trunk, route=c.route, config=c.config or self.config,
+                profile=c.facts.profile if c.facts is not None else "",
+                answered=c.media is not None,
+                duration_s=now - (c.answered_at or c.started_at), codec=c.info.codec,
+                media=c.media.stats if c.media is not None else None,
+                recent_turns=tuple(tel.recent_turns.get(c.call_id, ())),
+                dead_air=replace(tally) if tally is not None else None,
+            ))  # fmt: skip
+        return out
+
+    def call_agent(self, call_id: str) -> Agent | None:
+        call = self.calls.get(call_id)
+        if call is None or call.ended:
+            raise ValueError(f"no call {call_id} in progress here")
+        return call.media.agent if call.media is not None else None
 
     @property
     def uptime_s(self) -> float:

@@ -437,8 +437,11 @@ class WebServer:
         token, call_id, target = acting
         if self._by_call_id(call_id) is not None:
             return error(409, "a browser session has no phone line to transfer")
-        call = self.bridge.calls.get(call_id)
-        if call is None or call.media is None:
+        try:
+            answered = self.bridge.call_agent(call_id) is not None
+        except ValueError:
+            answered = False
+        if not answered:
             return error(404, f"no answered call {call_id} here")
         return self._command(TransferCommand(call_id, target), token)
 
