@@ -4,7 +4,7 @@ Every mistake is caught at load time and reported as ``file:line: key: message``
 keys, wrong types, bad regular expressions, and template placeholders that name no slot or
 variable), so a typo never turns into a broken sentence in the middle of a call. The schema
 is documented in ``config/agents/README.md``. The error style is that of
-``sip_bridge.config.ConfigError``; ``agent/`` must not import the SIP package, so the small
+``sip_bridge.config.loader.ConfigError``; ``agent/`` must not import the SIP package, so the small
 line finder is written again in :mod:`agent.profile_loader`, with the schema and builders.
 """
 

@@ -1,7 +1,7 @@
 """The voice agent's clock, defined once for every module in agent/ that counts in it: a
 tick is one 20 ms frame of the call at 8 kHz, and our own voice may come back as line echo
 for up to ``ECHO_S`` after we sent it. (The media clock's 5 ms wake-up grid is another
-thing: :data:`sip_bridge.media_clock.GRID_S`.)"""
+thing: :data:`sip_bridge.media.media_clock.GRID_S`.)"""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 A profile's ``transfer``/``escalate_transfer`` and the bridge's ``fault_transfer_to`` are
 checked here, so that a target the bridge would refuse mid-call (the caller hearing
 ``transfer_failed``) is refused at ``config check`` instead. The shapes are those the
-bridge's REFER accepts (``sip_bridge.transfer.refer_target``; a test keeps the two in step):
+bridge's REFER accepts (``sip_bridge.sip.transfer.refer_target``; a test keeps the two in step):
 a ``sip:``/``sips:`` URI, a ``tel:`` URI, or a number (``+15551234``, ``1001``; the
 separators ``-.() `` allowed).
 """

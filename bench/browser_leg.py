@@ -33,7 +33,7 @@ import av
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
-from sip_bridge.webrtc_leg import gathering_on
+from sip_bridge.web.webrtc_leg import gathering_on
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"

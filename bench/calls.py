@@ -41,8 +41,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 from resample.g711 import ulaw_encode  # noqa: E402
-from sip_bridge.config import BridgeConfig  # noqa: E402
-from sip_bridge.media import MediaStats  # noqa: E402
+from sip_bridge.config.loader import BridgeConfig  # noqa: E402
+from sip_bridge.media.call_media import MediaStats  # noqa: E402
 from sip_bridge.server import BridgeServer, settle_heap  # noqa: E402
 
 SCENARIO = ROOT / "bench" / "sipp" / "uac_rtp_call.xml"

@@ -2,7 +2,7 @@
 voices, levels, packet loss and line echo.
 
 The bridge runs in this process with the shipped config (voice agent, demo profile, real
-models); `sip-bridge script`'s runner (sip_bridge.script_runner) places each call. Voices:
+models); `sip-bridge script`'s runner (sip_bridge.script.script_runner) places each call. Voices:
 espeak-ng variants and "human" (recorded 8 kHz prompts of Debian's
 asterisk-core-sounds-en-wav and the beckett.wav of the model store, where a step's words
 exist in them; espeak-ng says the rest). Per cell and overall:
@@ -54,10 +54,10 @@ from numpy.typing import NDArray
 from agent.base import AgentOutput, CallInfo
 from agent.voice import VoiceAgent
 from resample import Resampler
-from sip_bridge.script_file import Script, Speak, load_script
-from sip_bridge.script_leg import LineOptions
-from sip_bridge.script_report import CallReport
-from sip_bridge.script_runner import RunOptions, Transcriber, run_script
+from sip_bridge.script.script_file import Script, Speak, load_script
+from sip_bridge.script.script_leg import LineOptions
+from sip_bridge.script.script_report import CallReport
+from sip_bridge.script.script_runner import RunOptions, Transcriber, run_script
 from testkit.demo_bridge import (
     DEMO_SCRIPTS,
     ROOT,
@@ -325,7 +325,7 @@ class Bench:
     def renderer(self, step: Speak, voice: str) -> NDArray[np.int16] | None:
         got = self.human(step, voice)
         if got is None and voice == "human":
-            from sip_bridge.script_voice import espeak_ng
+            from sip_bridge.script.script_voice import espeak_ng
 
             return espeak_ng(step.text, "en-us", step.rate_wpm or 165)
         return got

@@ -43,8 +43,8 @@ from numpy.typing import NDArray
 
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
-from sip_bridge.config import DEMO_PROFILE, load_config
-from sip_bridge.records import CallRecords
+from sip_bridge.config.loader import DEMO_PROFILE, load_config
+from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from testkit.line_tones import ringback_frames
 from testkit.sipp_runner import free_port, start_sipp

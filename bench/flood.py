@@ -53,9 +53,9 @@ from bench.calls import (  # noqa: E402
     parse_sipp_counts,
     write_tone,
 )
-from sip_bridge.config import BridgeConfig, InboundConfig  # noqa: E402
+from sip_bridge.config.loader import BridgeConfig, InboundConfig  # noqa: E402
+from sip_bridge.config.trunks import TrunkConfig  # noqa: E402
 from sip_bridge.server import BridgeServer, settle_heap  # noqa: E402
-from sip_bridge.trunks import TrunkConfig  # noqa: E402
 
 CALL_SCENARIO = ROOT / "bench" / "sipp" / "uac_rtp_call.xml"
 FLOOD_SCENARIO = ROOT / "bench" / "sipp" / "uac_flood.xml"

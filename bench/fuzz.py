@@ -25,9 +25,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from sip_bridge.config import BridgeConfig, parse_config_text  # noqa: E402
-from sip_bridge.message import parse_message  # noqa: E402
-from sip_bridge.rtcp import (  # noqa: E402
+from sip_bridge.config.loader import BridgeConfig, parse_config_text  # noqa: E402
+from sip_bridge.media.rtcp import (  # noqa: E402
     Bye,
     ReportBlock,
     SdesChunk,
@@ -36,9 +35,10 @@ from sip_bridge.rtcp import (  # noqa: E402
     parse_compound,
     serialize_compound,
 )
-from sip_bridge.rtp import RtpPacket, TelephoneEvent  # noqa: E402
-from sip_bridge.sdp import parse_sdp  # noqa: E402
-from sip_bridge.ua import BridgeUA  # noqa: E402
+from sip_bridge.media.rtp import RtpPacket, TelephoneEvent  # noqa: E402
+from sip_bridge.sip.message import parse_message  # noqa: E402
+from sip_bridge.sip.sdp import parse_sdp  # noqa: E402
+from sip_bridge.sip.ua import BridgeUA  # noqa: E402
 
 OUT = ROOT / "bench" / "out" / "fuzz_crashes"
 

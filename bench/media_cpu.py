@@ -45,12 +45,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 from agent.echo import EchoAgent  # noqa: E402
 from resample.g711 import ulaw_encode  # noqa: E402
-from sip_bridge.media import CallMedia, MediaParams  # noqa: E402
-from sip_bridge.media_clock import MediaClock  # noqa: E402
-from sip_bridge.media_rtcp import RtcpLink  # noqa: E402
+from sip_bridge.media.call_media import CallMedia, MediaParams  # noqa: E402
+from sip_bridge.media.media_clock import MediaClock  # noqa: E402
+from sip_bridge.media.media_rtcp import RtcpLink  # noqa: E402
+from sip_bridge.media.rtcp_session import RtcpSession  # noqa: E402
+from sip_bridge.media.rtp_ports import RtpPortPool  # noqa: E402
 from sip_bridge.native import check as native_check  # noqa: E402
-from sip_bridge.rtcp_session import RtcpSession  # noqa: E402
-from sip_bridge.rtp_ports import RtpPortPool  # noqa: E402
 from testkit.media_fakes import FakeLoop  # noqa: E402
 
 PEER = ("127.0.0.1", 4000)
@@ -86,7 +86,7 @@ def timed(owner: Any, name: str, label: str) -> None:
 
 
 def _instrument() -> None:
-    from sip_bridge import media_clock as mc
+    from sip_bridge.media import media_clock as mc
 
     timed(mc, "_send", "send (all)")
     timed(mc, "_drain_writes", "send: downsample")

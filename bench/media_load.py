@@ -1,6 +1,6 @@
 """CPU per echo call of the media path alone, in one process: no SIP, no sipp.
 
-N :class:`~sip_bridge.media.CallMedia` with the echo agent run on the shared media clock;
+N :class:`~sip_bridge.media.call_media.CallMedia` with the echo agent run on the shared media clock;
 a separate peer process streams 20 ms PCMU packets to every call's port (one socket,
 absolute 20 ms grid) and drains what comes back. The bridge side's CPU is
 ``time.process_time`` over a steady window, divided per call and per 20 ms: the figure the
@@ -36,10 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 from agent.echo import EchoAgent  # noqa: E402
 from bench.media_cpu import SPENT, timed  # noqa: E402  (one CPU-time wrapper for both benches)
 from resample.g711 import ulaw_encode  # noqa: E402
-from sip_bridge.media import CallMedia, MediaParams  # noqa: E402
-from sip_bridge.media_io import RtpProtocol  # noqa: E402
+from sip_bridge.media.call_media import CallMedia, MediaParams  # noqa: E402
+from sip_bridge.media.media_io import RtpProtocol  # noqa: E402
+from sip_bridge.media.rtp_ports import RtpPortPool  # noqa: E402
 from sip_bridge.native import check as native_check  # noqa: E402
-from sip_bridge.rtp_ports import RtpPortPool  # noqa: E402
 
 
 def _peer(ports: list[int], port_q: Any, stop: Any) -> None:
@@ -91,8 +91,8 @@ def _counted(owner: Any, name: str, label: str, rows: bool = False) -> None:
 
 
 def _instrument() -> None:
-    from sip_bridge import media_clock as mc
-    from sip_bridge.media import CallMedia as Cm
+    from sip_bridge.media import media_clock as mc
+    from sip_bridge.media.call_media import CallMedia as Cm
 
     _counted(mc, "process_many", "process_many", rows=True)
     _counted(Cm, "_drain_one", "drain_one (unbatched downsample)")

@@ -37,8 +37,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from sip_bridge.records import CallRecords  # noqa: E402
-from sip_bridge.records_retention import DAY_S, purge  # noqa: E402
+from sip_bridge.ops.records import CallRecords  # noqa: E402
+from sip_bridge.ops.records_retention import DAY_S, purge  # noqa: E402
 
 TICK_S = 0.020
 TURNS, EVENTS = 8, 12  # per old call

@@ -30,7 +30,7 @@ from numpy.typing import NDArray
 
 from agent.voice import TurnTiming, VoiceAgent
 from sip_bridge.agents import make_agent
-from sip_bridge.config import BridgeConfig, load_config
+from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer
 from testkit.wire_caller import WireCaller, espeak
 

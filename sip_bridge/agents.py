@@ -20,7 +20,7 @@ from agent.echo import EchoAgent
 from agent.fallback_prompt import FallbackPromptAgent
 from agent.playback import PlaybackAgent, load_wav
 from agent.tone import ToneAgent
-from sip_bridge.config import BridgeConfig, SpeechModelConfig
+from sip_bridge.config.loader import BridgeConfig, SpeechModelConfig
 
 if TYPE_CHECKING:
     from agent.profile import AgentProfile
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from agent.voice_models import VoiceModels
     from model_runtime.sessions import Device
     from model_runtime.speech_to_speech import SpeechToSpeechModel
-    from sip_bridge.config_types import AgentConfig
+    from sip_bridge.config.config_types import AgentConfig
 
 __all__ = [
     "fallback_prompt",
@@ -144,7 +144,7 @@ def _hold_audio(path: str) -> NDArray[np.int16]:
 
 class Leg(Protocol):
     """What :func:`take_over` needs of a call's leg: a SIP call's media, or a browser
-    session (:class:`~sip_bridge.webrtc_leg.BrowserSession`)."""
+    session (:class:`~sip_bridge.web.webrtc_leg.BrowserSession`)."""
 
     agent: Agent
     call: CallInfo

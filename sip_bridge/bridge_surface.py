@@ -1,5 +1,5 @@
 """What a running bridge offers the parts that watch and steer it: operator commands and
-status (:mod:`sip_bridge.operator_view`), the console (:mod:`sip_bridge.console_view`),
+status (:mod:`sip_bridge.ops.operator_view`), the console (:mod:`sip_bridge.web.console_view`),
 the web server and config reload.
 
 :class:`sip_bridge.server.BridgeServer` imports those parts; they type against these
@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from agent.base import Agent, TurnCompleted
-    from sip_bridge.admission import InboundPolicy
-    from sip_bridge.call_telemetry import CallTelemetry, DeadAirTally
-    from sip_bridge.config import BridgeConfig
-    from sip_bridge.media_params import MediaStats
-    from sip_bridge.registrar_link import RegistrarLink
+    from sip_bridge.config.loader import BridgeConfig
+    from sip_bridge.media.media_params import MediaStats
+    from sip_bridge.ops.call_telemetry import CallTelemetry, DeadAirTally
+    from sip_bridge.sip.admission import InboundPolicy
+    from sip_bridge.sip.registrar_link import RegistrarLink
 
 __all__ = ["Bridge", "CallSnapshot"]
 

@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 from sip_bridge import __version__
-from sip_bridge.config import BridgeConfig, ConfigError, load_config
-from sip_bridge.config_files import LOOKUP, RUNTIME_DIR, ConfigChoice, find_config
-from sip_bridge.transport import TransportError
+from sip_bridge.config.config_files import LOOKUP, RUNTIME_DIR, ConfigChoice, find_config
+from sip_bridge.config.loader import BridgeConfig, ConfigError, load_config
+from sip_bridge.sip.transport import TransportError
 
 _LOOKUP_HELP = f"bridge.toml (default: the first of {', '.join(LOOKUP)})"
 
@@ -44,12 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     init.add_argument("dir", metavar="DIR", type=Path, help="e.g. /etc/sip-bridge or ./config")
     from model_runtime.models_cli import add_models_parser
-    from sip_bridge.records_cli import add_parser as add_calls_parser
+    from sip_bridge.ops.records_cli import add_parser as add_calls_parser
 
     add_calls_parser(sub)
 
     add_models_parser(sub)
-    from sip_bridge.script_cli import add_parser as add_script_parser
+    from sip_bridge.script.script_cli import add_parser as add_script_parser
 
     add_script_parser(sub)
     call = sub.add_parser("call", help="place one outbound call: play a WAV, record the answer")
@@ -85,7 +85,7 @@ async def run_call(args: argparse.Namespace) -> int:
     """``sip-bridge call``: 0 when the call was answered and ended, 1 when it failed."""
     from pathlib import Path
 
-    from sip_bridge.caller import CallOptions, place_call
+    from sip_bridge.script.caller import CallOptions, place_call
 
     low, _, high = args.rtp_ports.partition("-")
     opts = CallOptions(
@@ -117,8 +117,8 @@ def _load(args: argparse.Namespace, choice: ConfigChoice) -> BridgeConfig:
 
 async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeConfig) -> int:
     from sip_bridge import logs
-    from sip_bridge.reload import ConfigWatcher, reload_bridge, watched_files
-    from sip_bridge.sd_notify import ServiceNotifier
+    from sip_bridge.ops.reload import ConfigWatcher, reload_bridge, watched_files
+    from sip_bridge.ops.sd_notify import ServiceNotifier
     from sip_bridge.server import BridgeServer, settle_heap
 
     loop = asyncio.get_running_loop()
@@ -209,8 +209,8 @@ def show_status(args: argparse.Namespace) -> int:
     import json
     import tempfile
 
-    from sip_bridge.config import parse_hostport
-    from sip_bridge.control import ControlError, format_status, query, running_bridges
+    from sip_bridge.config.loader import parse_hostport
+    from sip_bridge.ops.control import ControlError, format_status, query, running_bridges
 
     paths = [args.socket] if args.socket else []
     if not paths:
@@ -279,7 +279,7 @@ def check_config(file: str | None) -> int:
 
 def init_config(directory: Path) -> int:
     """``sip-bridge init DIR``: 0 and what to do next, or 1 (nothing written) and why."""
-    from sip_bridge.init_dir import InitError, next_steps, write_starting_point
+    from sip_bridge.config.init_dir import InitError, next_steps, write_starting_point
 
     try:
         written = write_starting_point(directory)
@@ -301,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "init":
         return init_config(args.dir)
     if args.command == "calls":
-        from sip_bridge import records_cli
+        from sip_bridge.ops import records_cli
 
         return records_cli.run(args)
     if args.command == "status":
@@ -311,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"sip-bridge status: {exc}", file=sys.stderr)
             return 2
     if args.command == "script":
-        from sip_bridge import script_cli
+        from sip_bridge.script import script_cli
 
         return script_cli.run(args)
     if args.command == "models":
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     from model_runtime.store import ModelError
     from sip_bridge import logs
     from sip_bridge.native import NativeBuildError
-    from sip_bridge.records import RecordsError
+    from sip_bridge.ops.records import RecordsError
 
     choice = find_config(args.config)
     try:
@@ -347,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     logs.configure(config.log.format, config.log.level, verbose=args.verbose,
                    redact=config.records.redact_card_numbers)  # fmt: skip
     for warning in config.warnings:  # allowed, but probably not what the operator meant
-        logging.getLogger("sip_bridge.config").warning("%s", warning)
+        logging.getLogger("sip_bridge.config.loader").warning("%s", warning)
     try:
         return asyncio.run(_serve(args, choice, config))
     except (

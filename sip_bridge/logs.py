@@ -146,7 +146,7 @@ def configure(fmt: str = "text", level: str = "warning", *, verbose: bool = Fals
     root.setLevel(min(wanted, logging.INFO) if verbose else wanted)
     # registration changes are worth a line unless only errors are wanted
     reg = wanted if wanted > logging.WARNING else min(wanted, logging.INFO)
-    logging.getLogger("sip_bridge.registration").setLevel(reg)
+    logging.getLogger("sip_bridge.sip.registration").setLevel(reg)
 
 
 def banner(line: str, fmt: str) -> None:

@@ -3,7 +3,7 @@
 """The running bridge: SIP transport + the sans-I/O UA + one media session per call.
 
 This is the only place where the pieces meet an event loop: datagrams go into
-:class:`~sip_bridge.ua.BridgeUA` with the loop's monotonic time, its events
+:class:`~sip_bridge.sip.ua.BridgeUA` with the loop's monotonic time, its events
 come out as bytes to send and calls to set up or tear down, and its next
 timer deadline is scheduled with ``loop.call_at``.
 """
@@ -31,36 +31,42 @@ from agent.base import (
     TurnCompleted,
 )
 from agent.fallback_prompt import FAULT_REASON
-from sip_bridge import call_events as ce
-from sip_bridge.admission import InboundPolicy
 from sip_bridge.agents import load_agent_models, make_agent, profile_name, take_over
 from sip_bridge.bridge_surface import CallSnapshot
-from sip_bridge.call_events import Command
-from sip_bridge.call_recording import StereoRecorder, recording_path
-from sip_bridge.call_telemetry import CallFacts, CallTelemetry, hostport
-from sip_bridge.config import BridgeConfig
-from sip_bridge.control import ControlServer
-from sip_bridge.heap import HeapTrimmer
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.config.routes import match_route
 from sip_bridge.logs import call_context, neutral_context
-from sip_bridge.media import CallMedia, MediaParams, MediaStats, RtpLease, reserve_rtp_port
-from sip_bridge.message import SipResponse, parse_message
+from sip_bridge.media.call_media import (
+    CallMedia,
+    MediaParams,
+    MediaStats,
+    RtpLease,
+    reserve_rtp_port,
+)
+from sip_bridge.media.call_recording import StereoRecorder, recording_path
+from sip_bridge.media.rtp_ports import PortsExhausted, RtpPortPool
 from sip_bridge.native import compile_hint, require_fresh
-from sip_bridge.offer_answer import NegotiatedMedia
-from sip_bridge.operator_view import apply_command, bridge_status
-from sip_bridge.records_retention import purge_daily
-from sip_bridge.registrar_link import RegistrarLink
-from sip_bridge.routes import match_route
-from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
-from sip_bridge.timers import TimerConfig
-from sip_bridge.transport import (
+from sip_bridge.ops import call_events as ce
+from sip_bridge.ops.call_events import Command
+from sip_bridge.ops.call_telemetry import CallFacts, CallTelemetry, hostport
+from sip_bridge.ops.control import ControlServer
+from sip_bridge.ops.heap import HeapTrimmer
+from sip_bridge.ops.operator_view import apply_command, bridge_status
+from sip_bridge.ops.records_retention import purge_daily
+from sip_bridge.sip.admission import InboundPolicy
+from sip_bridge.sip.message import SipResponse, parse_message
+from sip_bridge.sip.offer_answer import NegotiatedMedia
+from sip_bridge.sip.registrar_link import RegistrarLink
+from sip_bridge.sip.timers import TimerConfig
+from sip_bridge.sip.transport import (
     Received,
     SipTransport,
     TransportError,
     tls_client_context,
     tls_server_context,
 )
-from sip_bridge.trunk_registrations import TrunkRegistrations
-from sip_bridge.ua import (
+from sip_bridge.sip.trunk_registrations import TrunkRegistrations
+from sip_bridge.sip.ua import (
     BridgeUA,
     CallEnded,
     CallEstablished,
@@ -73,7 +79,7 @@ from sip_bridge.ua import (
 )
 
 if TYPE_CHECKING:
-    from sip_bridge.web_server import WebServer
+    from sip_bridge.web.web_server import WebServer
 
 __all__ = ["BridgeServer", "make_agent"]
 
@@ -201,7 +207,7 @@ class BridgeServer:
             self._control = control
         await self._start_registrations(now)
         if self.config.http.listen:  # the talk page and the operator console
-            from sip_bridge.web_server import WebServer
+            from sip_bridge.web.web_server import WebServer
 
             web = WebServer(self)
             try:
@@ -215,7 +221,7 @@ class BridgeServer:
     async def _watch_media(self) -> None:
         """Hang up calls whose peer vanished without a BYE: no RTP for ``rtp.timeout_s``
         while it should be sending (a call it holds with inactive/sendonly is exempt); and
-        trim the heap when due (:mod:`sip_bridge.heap`)."""
+        trim the heap when due (:mod:`sip_bridge.ops.heap`)."""
         loop = asyncio.get_running_loop()
         seen: dict[str, tuple[int, float]] = {}  # call -> (packets in, when that changed)
         while True:
@@ -278,7 +284,7 @@ class BridgeServer:
         load first: a broken profile or a missing model raises and changes nothing. What
         needs a restart keeps its running value; returns the names of those that differed.
         """
-        from sip_bridge.reload import keep_bound
+        from sip_bridge.ops.reload import keep_bound
 
         merged, kept = keep_bound(self.config, new)
         if self.agent_factory is make_agent:

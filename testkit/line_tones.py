@@ -2,7 +2,7 @@
 
 Test and bench helpers over 20 ms frames of received 8 kHz audio (the wire caller's log).
 Ringback is recognised the way ``sip-bridge script`` recognises it
-(:class:`sip_bridge.heard_audio.HeardAudio`).
+(:class:`sip_bridge.script.heard_audio.HeardAudio`).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 from numpy.typing import NDArray
 
-from sip_bridge.heard_audio import FRAME_S, HeardAudio, ringback_like
+from sip_bridge.script.heard_audio import FRAME_S, HeardAudio, ringback_like
 
 __all__ = ["ringback_frames", "ringback_like"]
 

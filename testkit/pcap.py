@@ -19,7 +19,7 @@ import struct
 from collections.abc import Collection, Iterator
 from typing import NamedTuple
 
-from sip_bridge.rtp import RtpError, RtpPacket, looks_like_rtcp
+from sip_bridge.media.rtp import RtpError, RtpPacket, looks_like_rtcp
 
 __all__ = [
     "DEFAULT_RTP_PAYLOAD_TYPES",

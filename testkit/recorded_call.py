@@ -12,7 +12,7 @@ import numpy as np
 
 from resample import Resampler
 from sip_bridge.agents import prepare_agents
-from sip_bridge.config import load_config
+from sip_bridge.config.loader import load_config
 
 __all__ = ["spoken_question", "transcribe_recording"]
 

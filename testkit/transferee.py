@@ -20,12 +20,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sip_bridge.message import NameAddr, SipUri, make_response
-from sip_bridge.offer_answer import MediaConfig
-from sip_bridge.transaction import RequestReceived, SendMessage
-from sip_bridge.transport import Received, SipTransport
-from sip_bridge.uac import CallAnswered, CallFailed, CallProgress, OutboundCall, UacEvent
-from sip_bridge.uac_session import sends
+from sip_bridge.sip.message import NameAddr, SipUri, make_response
+from sip_bridge.sip.offer_answer import MediaConfig
+from sip_bridge.sip.transaction import RequestReceived, SendMessage
+from sip_bridge.sip.transport import Received, SipTransport
+from sip_bridge.sip.uac import CallAnswered, CallFailed, CallProgress, OutboundCall, UacEvent
+from sip_bridge.sip.uac_session import sends
 
 __all__ = ["ReferableCall", "Referred", "Transferee"]
 

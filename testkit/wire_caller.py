@@ -25,13 +25,13 @@ from numpy.typing import NDArray
 
 from resample import Resampler
 from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from sip_bridge.dtmf import DtmfOutbox
-from sip_bridge.offer_answer import MediaConfig
-from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
-from sip_bridge.transaction import SendMessage
-from sip_bridge.transport import Received, SipTransport
-from sip_bridge.uac import OutboundCall
-from sip_bridge.uac_events import CallAnswered, CallEnded, CallFailed, ReferReceived, UacEvent
+from sip_bridge.media.dtmf import DtmfOutbox
+from sip_bridge.media.rtp import RtpPacket, RtpSender, looks_like_rtcp
+from sip_bridge.sip.offer_answer import MediaConfig
+from sip_bridge.sip.transaction import SendMessage
+from sip_bridge.sip.transport import Received, SipTransport
+from sip_bridge.sip.uac import OutboundCall
+from sip_bridge.sip.uac_events import CallAnswered, CallEnded, CallFailed, ReferReceived, UacEvent
 from testkit.line_echo import LineEcho
 from testkit.transferee import ReferableCall, Transferee
 

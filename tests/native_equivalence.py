@@ -26,17 +26,17 @@ import numpy as np
 from numpy.typing import NDArray
 
 import jitter.jitterbuffer
-import sip_bridge.media
+import sip_bridge.media.call_media
 from agent import EchoAgent
 from jitter import JitterBuffer
 from jitter.netsim import STANDARD_TRACES, replay, standard_trace
 from resample import ulaw_encode
-from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.media_clock import MediaClock
-from sip_bridge.media_io import AudioRtpSender, Datagram
-from sip_bridge.media_rtcp import RtcpLink
-from sip_bridge.rtcp_session import RtcpSession
-from sip_bridge.rtp_ports import RtpPortPool
+from sip_bridge.media.call_media import CallMedia, MediaParams
+from sip_bridge.media.media_clock import MediaClock
+from sip_bridge.media.media_io import AudioRtpSender, Datagram
+from sip_bridge.media.media_rtcp import RtcpLink
+from sip_bridge.media.rtcp_session import RtcpSession
+from sip_bridge.media.rtp_ports import RtpPortPool
 from testkit.media_fakes import FakeLoop
 
 PEER = ("127.0.0.1", 4000)
@@ -165,7 +165,7 @@ def main() -> int:
     result = {
         "compiled": [
             m.__name__
-            for m in (jitter.jitterbuffer, sip_bridge.media)
+            for m in (jitter.jitterbuffer, sip_bridge.media.call_media)
             if not (m.__file__ or "").endswith(".py")
         ],
         "digests": {**jitter_digests(), **media_digests()},

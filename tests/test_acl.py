@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sip_bridge.acl import RateLimiter, Silencer, SourceAcl, normalize_ip
+from sip_bridge.sip.acl import RateLimiter, Silencer, SourceAcl, normalize_ip
 
 
 @pytest.mark.parametrize(

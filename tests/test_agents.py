@@ -7,7 +7,7 @@ from dataclasses import replace
 from agent.echo import EchoAgent
 from agent.tone import ToneAgent
 from sip_bridge.agents import make_agent
-from sip_bridge.config import BridgeConfig
+from sip_bridge.config.loader import BridgeConfig
 
 
 def test_the_echo_line_check_runs_at_the_line_rate() -> None:

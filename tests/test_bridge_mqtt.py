@@ -10,8 +10,8 @@ from typing import Any
 
 import aiomqtt
 
-from sip_bridge.caller import CallOptions, place_call
-from sip_bridge.config import load_config
+from sip_bridge.config.loader import load_config
+from sip_bridge.script.caller import CallOptions, place_call
 from sip_bridge.server import BridgeServer
 from testkit.mosquitto_runner import Mosquitto
 from testkit.sipp_media import tone, write_wav
@@ -160,7 +160,7 @@ def test_calls_cut_off_by_a_crash_get_their_ended_event_at_the_next_start(
 ) -> None:
     """kill -9 leaves a call with a `started` event and no `ended`: the next start marks its
     record interrupted and sends that `ended`, so a subscriber never waits for it forever."""
-    from sip_bridge.records import CallRecords
+    from sip_bridge.ops.records import CallRecords
 
     broker = Mosquitto(tmp_path / "broker")
     broker.start()

@@ -36,7 +36,7 @@ from selenium.webdriver.support.ui import WebDriverWait
 
 from resample import Resampler
 from sip_bridge.agents import prepare_agents
-from sip_bridge.config import load_config
+from sip_bridge.config.loader import load_config
 from testkit.peers.chromium import chromium, start_recording, stop_recording
 from testkit.peers.support import free_udp_port
 

@@ -14,7 +14,7 @@ from agent.profile import ProfileError
 from agent.profile_loader import load_profile
 from agent.voice import VoiceAgent
 from sip_bridge import agents
-from sip_bridge.config import DEMO_PROFILE, BridgeConfig
+from sip_bridge.config.loader import DEMO_PROFILE, BridgeConfig
 
 UTC = dt.UTC
 HOURS = {

@@ -19,10 +19,10 @@ import pytest
 from agent.base import Agent, DtmfEvent
 from agent.echo import EchoAgent
 from sip_bridge import cli
-from sip_bridge.caller import CallOptions, CallResult, place_call
-from sip_bridge.config import BridgeConfig
-from sip_bridge.message import SipRequest, make_response, parse_message
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.script.caller import CallOptions, CallResult, place_call
 from sip_bridge.server import BridgeServer
+from sip_bridge.sip.message import SipRequest, make_response, parse_message
 
 ECHO_DELAY_S = 0.4
 LEVEL = 0.25  # peak, of full scale

@@ -14,8 +14,8 @@ from test_call_command import ECHO_DELAY_S, _config, _tone_wav
 from agent.base import Agent, AgentEvent, CallInfo, DtmfEvent
 from agent.echo import EchoAgent
 from sip_bridge import cli
-from sip_bridge.caller import CallOptions, place_call, prompt_ended
-from sip_bridge.config import BridgeConfig
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.script.caller import CallOptions, place_call, prompt_ended
 from sip_bridge.server import BridgeServer
 
 TONE_S = 1.0

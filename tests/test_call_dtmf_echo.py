@@ -16,12 +16,12 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent
-from sip_bridge.config import BridgeConfig
-from sip_bridge.media import CallMedia, MediaParams, reserve_rtp_port
-from sip_bridge.message import SipResponse, parse_message
-from sip_bridge.rtp_ports import RtpPortPool
-from sip_bridge.sdp import parse_sdp
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.media.call_media import CallMedia, MediaParams, reserve_rtp_port
+from sip_bridge.media.rtp_ports import RtpPortPool
 from sip_bridge.server import BridgeServer
+from sip_bridge.sip.message import SipResponse, parse_message
+from sip_bridge.sip.sdp import parse_sdp
 from testkit.phone import phone_request
 
 KEYS = "159#"

@@ -16,11 +16,11 @@ from dataclasses import replace
 import numpy as np
 
 from resample import ulaw_decode, ulaw_encode
-from sip_bridge.config import BridgeConfig
-from sip_bridge.message import SipResponse, parse_message
-from sip_bridge.rtp import RtpPacket, RtpSender
-from sip_bridge.sdp import parse_sdp
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.media.rtp import RtpPacket, RtpSender
 from sip_bridge.server import BridgeServer
+from sip_bridge.sip.message import SipResponse, parse_message
+from sip_bridge.sip.sdp import parse_sdp
 from testkit.phone import phone_request
 
 ECHO_DELAY_S = 0.4

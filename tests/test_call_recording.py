@@ -10,10 +10,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.base import Agent, AgentOutput, CallInfo, TurnCompleted
-from sip_bridge.call_recording import MUTE_HANGOVER, StereoRecorder, recording_path
-from sip_bridge.caller import CallOptions, place_call
-from sip_bridge.config import load_config
-from sip_bridge.records import CallRecords
+from sip_bridge.config.loader import load_config
+from sip_bridge.media.call_recording import MUTE_HANGOVER, StereoRecorder, recording_path
+from sip_bridge.ops.records import CallRecords
+from sip_bridge.script.caller import CallOptions, place_call
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import write_wav
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from agent.base import DeadAir, TurnCompleted
-from sip_bridge.call_telemetry import CallFacts, CallTelemetry
-from sip_bridge.metrics import BridgeMetrics
-from sip_bridge.records import CallRecords
+from sip_bridge.ops.call_telemetry import CallFacts, CallTelemetry
+from sip_bridge.ops.metrics import BridgeMetrics
+from sip_bridge.ops.records import CallRecords
 
 
 def test_keypad_turns_and_dead_air_reach_records_events_and_metrics(tmp_path: Path) -> None:

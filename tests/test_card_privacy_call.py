@@ -37,8 +37,8 @@ from agent.words import normalize
 from resample import Resampler
 from sip_bridge import logs
 from sip_bridge.agents import make_agent, prepare_agents
-from sip_bridge.config import BridgeConfig, load_config
-from sip_bridge.records import CallRecords
+from sip_bridge.config.loader import BridgeConfig, load_config
+from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from testkit.mosquitto_runner import Mosquitto
 from testkit.sipp_media import random_port_range

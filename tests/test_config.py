@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sip_bridge.config import BridgeConfig, ConfigError, load_config
+from sip_bridge.config.loader import BridgeConfig, ConfigError, load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from sip_bridge import config_reference as ref
 from sip_bridge.cli import main as cli_main
-from sip_bridge.config import DEMO_PROFILE, BridgeConfig, load_config, parse_config_text
+from sip_bridge.config import config_reference as ref
+from sip_bridge.config.loader import DEMO_PROFILE, BridgeConfig, load_config, parse_config_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "config" / "bridge.toml"
@@ -162,7 +162,7 @@ def test_a_reload_logs_the_warning_too(tmp_path: Path, caplog: pytest.LogCapture
     import asyncio
     import logging
 
-    from sip_bridge.reload import reload_bridge
+    from sip_bridge.ops.reload import reload_bridge
 
     (tmp_path / "dentist.toml").write_text(DEMO_PROFILE.read_text())
     text = '[agent]\nname = "echo"\n[agent.voice]\nprofile = "dentist.toml"\n'
@@ -172,7 +172,7 @@ def test_a_reload_logs_the_warning_too(tmp_path: Path, caplog: pytest.LogCapture
         async def reload(self, _: BridgeConfig) -> list[str]:
             return []
 
-    with caplog.at_level(logging.WARNING, logger="sip_bridge.reload"):
+    with caplog.at_level(logging.WARNING, logger="sip_bridge.ops.reload"):
         assert asyncio.run(reload_bridge(Bridge(), lambda: config))  # type: ignore[arg-type]
     said = [r.getMessage() for r in caplog.records]
     assert any("agent.name = 'echo': agent.voice.profile" in m for m in said), said

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 
 from agent.profile_loader import load_profile
-from sip_bridge import config as c
 from sip_bridge.cli import main as cli_main
-from sip_bridge.config import ConfigError, ControlConfig, load_config
-from sip_bridge.config_files import LOOKUP, find_config, packaged_config, packaged_dir
-from sip_bridge.control import format_status
-from sip_bridge.init_dir import InitError, plan, write_starting_point
-from sip_bridge.routes import ROUTE_KEYS
-from sip_bridge.trunks import TRUNK_KEYS
+from sip_bridge.config import loader as c
+from sip_bridge.config.config_files import LOOKUP, find_config, packaged_config, packaged_dir
+from sip_bridge.config.init_dir import InitError, plan, write_starting_point
+from sip_bridge.config.loader import ConfigError, ControlConfig, load_config
+from sip_bridge.config.routes import ROUTE_KEYS
+from sip_bridge.config.trunks import TRUNK_KEYS
+from sip_bridge.ops.control import format_status
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def test_the_package_data_ships_what_init_copies() -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
     assert project["package-dir"]["sip_bridge.defaults"] == "config"
     shipped = set(project["package-data"]["sip_bridge.defaults"])
-    from sip_bridge.init_dir import COPIED, RENAMED
+    from sip_bridge.config.init_dir import COPIED, RENAMED
 
     assert set(COPIED) <= shipped and {"templates/*.toml"} <= shipped, set(COPIED) - shipped
     assert set(RENAMED) == {"templates/blank.toml"}
@@ -196,7 +196,7 @@ def test_status_finds_a_bridge_started_on_another_port_or_lists_them(
     import tempfile
     from dataclasses import replace
 
-    from sip_bridge.config import BridgeConfig
+    from sip_bridge.config.loader import BridgeConfig
     from sip_bridge.server import BridgeServer
 
     monkeypatch.delenv("RUNTIME_DIRECTORY", raising=False)

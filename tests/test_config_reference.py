@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from sip_bridge import config_reference as ref
-from sip_bridge.config import _SCHEMA
-from sip_bridge.routes import ROUTE_KEYS
-from sip_bridge.trunks import TRUNK_KEYS
+from sip_bridge.config import config_reference as ref
+from sip_bridge.config.loader import _SCHEMA
+from sip_bridge.config.routes import ROUTE_KEYS
+from sip_bridge.config.trunks import TRUNK_KEYS
 
 
 def test_the_reference_file_is_what_the_schema_generates() -> None:
-    # after adding a key: .venv/bin/python -m sip_bridge.config_reference > config/REFERENCE.md
+    # after adding a key:
+    # .venv/bin/python -m sip_bridge.config.config_reference > config/REFERENCE.md
     assert ref.REFERENCE.read_text() == ref.render()
 
 

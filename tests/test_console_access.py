@@ -24,9 +24,9 @@ import aiohttp
 import aiomqtt
 import pytest
 
-from sip_bridge.caller import CallOptions, place_call
-from sip_bridge.config import ConfigError, parse_config_text
-from sip_bridge.records import CallRecords
+from sip_bridge.config.loader import ConfigError, parse_config_text
+from sip_bridge.ops.records import CallRecords
+from sip_bridge.script.caller import CallOptions, place_call
 from sip_bridge.server import BridgeServer
 from testkit.mosquitto_runner import Mosquitto
 from testkit.sipp_media import random_port_range, tone, write_wav
@@ -278,6 +278,6 @@ def test_allow_anonymous_reads_is_the_explicit_way_out_and_is_logged(
         finally:
             await server.stop()
 
-    with caplog.at_level(logging.WARNING, logger="sip_bridge.web_server"):
+    with caplog.at_level(logging.WARNING, logger="sip_bridge.web.web_server"):
         assert asyncio.run(main()) == 200
     assert any("allow_anonymous_reads = true" in r.getMessage() for r in caplog.records)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from sip_bridge.call_telemetry import turn_total_ms
-from sip_bridge.config import BridgeConfig
-from sip_bridge.console_view import talk_profiles
-from sip_bridge.routes import RouteConfig
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.config.routes import RouteConfig
+from sip_bridge.ops.call_telemetry import turn_total_ms
+from sip_bridge.web.console_view import talk_profiles
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def test_a_turns_latency_is_its_total_or_the_sum_of_its_stages() -> None:
 def test_console_and_cli_write_one_timestamp_format(zone: str) -> None:
     """ISO 8601 in local time with its zone, the same string from the console's script (run
     by node) and `sip-bridge calls` for one instant, in zones with odd offsets."""
-    js = (ROOT / "sip_bridge/static/console.js").read_text()
+    js = (ROOT / "sip_bridge/web/static/console.js").read_text()
     wanted = ("const pad2", "const isoLocal")
     lines = [line for line in js.splitlines() if line.strip().startswith(wanted)]
     assert len(lines) == 2, lines
@@ -75,7 +75,7 @@ def test_console_and_cli_write_one_timestamp_format(zone: str) -> None:
         env=env, capture_output=True, text=True, check=True, timeout=30,
     ).stdout  # fmt: skip
     cli = subprocess.run(
-        [sys.executable, "-c", f"from sip_bridge.records_cli import _when; print(_when({at}))"],
+        [sys.executable, "-c", f"from sip_bridge.ops.records_cli import _when; print(_when({at}))"],
         env=env, capture_output=True, text=True, check=True, timeout=30, cwd=ROOT,
     ).stdout.strip()  # fmt: skip
     want = {"UTC": "2026-11-25T18:26:27+00:00", "Asia/Kolkata": "2026-11-25T23:56:27+05:30",

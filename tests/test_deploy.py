@@ -28,9 +28,9 @@ from pathlib import Path
 
 import pytest
 
-from sip_bridge.config import load_config
-from sip_bridge.config_files import LOOKUP, SYSTEM_CONFIG
-from sip_bridge.init_dir import plan
+from sip_bridge.config.config_files import LOOKUP, SYSTEM_CONFIG
+from sip_bridge.config.init_dir import plan
+from sip_bridge.config.loader import load_config
 from testkit.peers.support import free_udp_port
 from testkit.recorded_call import spoken_question, transcribe_recording
 
@@ -103,7 +103,7 @@ def test_the_wheel_carries_the_defaults_and_no_compiled_code(installed: Installe
     names = set(zipfile.ZipFile(installed.wheel).namelist())
     wanted = {f"sip_bridge/defaults/{c.target}" for c in plan(ROOT / "config")
               if not str(c.target).startswith("agents/blank")}  # fmt: skip
-    wanted |= {"sip_bridge/defaults/templates/blank.toml", "sip_bridge/static/console.html"}
+    wanted |= {"sip_bridge/defaults/templates/blank.toml", "sip_bridge/web/static/console.html"}
     assert wanted <= names, sorted(wanted - names)
     assert not [n for n in names if n.endswith((".so", ".pyc"))]  # a pure Python wheel
     assert any(n.startswith("sip_bridge/defaults/prompts/") and n.endswith(".wav") for n in names)
@@ -111,7 +111,7 @@ def test_the_wheel_carries_the_defaults_and_no_compiled_code(installed: Installe
     out = subprocess.run(
         [installed.bin("python"), "-c",
          "import sys, sip_bridge, agent, model_runtime, jitter, resample\n"
-         "from sip_bridge.config_files import packaged_dir\n"
+         "from sip_bridge.config.config_files import packaged_dir\n"
          "print(sip_bridge.__file__, agent.__file__, packaged_dir(), *sys.path, sep='\\n')"],
         capture_output=True, text=True, check=True, cwd=installed.venv, env=_env(),
     ).stdout.split("\n")  # fmt: skip

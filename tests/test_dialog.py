@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sip_bridge.dialog import Dialog, DialogError
-from sip_bridge.message import NameAddr, SipRequest, SipResponse, make_response, parse_message
+from sip_bridge.sip.dialog import Dialog, DialogError
+from sip_bridge.sip.message import NameAddr, SipRequest, SipResponse, make_response, parse_message
 
 INVITE = (
     "INVITE sip:bot@203.0.113.5:5060 SIP/2.0\r\n"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from sip_bridge.digest import (
+from sip_bridge.sip.digest import (
     ALGORITHMS,
     Challenge,
     DigestClient,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from bench import fuzz
-from sip_bridge.config import parse_config_text
+from sip_bridge.config.loader import parse_config_text
 
 SHORT = {"config": 400}  # the loader parses a 5 KB file each time: slower
 

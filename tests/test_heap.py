@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sip_bridge.heap import HeapTrimmer
+from sip_bridge.ops.heap import HeapTrimmer
 
 
 def _rss_kb() -> int:

@@ -8,7 +8,7 @@ from numpy.typing import NDArray
 
 from agent.hold_audio import Ringback
 from resample.g711 import ulaw_decode, ulaw_encode
-from sip_bridge.heard_audio import (
+from sip_bridge.script.heard_audio import (
     FRAME_S,
     Gap,
     HeardAudio,
@@ -21,7 +21,7 @@ from sip_bridge.heard_audio import (
     ringback_like,
     turn_latency,
 )
-from sip_bridge.script_voice import espeak_ng
+from sip_bridge.script.script_voice import espeak_ng
 
 LOUD = (3000 * np.sin(np.arange(160) * 2 * np.pi * 440 / 8000)).astype(np.int16)  # -23 dBFS
 QUIET = np.zeros(160, np.int16)

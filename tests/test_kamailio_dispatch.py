@@ -15,7 +15,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from sip_bridge.config import BridgeConfig
+from sip_bridge.config.loader import BridgeConfig
 from sip_bridge.server import BridgeServer
 from testkit.kamailio_runner import Kamailio, write_proxy_scenario
 from testkit.sipp_media import sipp_counts

@@ -20,8 +20,8 @@ from test_telemetry_redaction import Sink
 from test_voice_agent import Call, aio
 
 from agent.base import AgentEvent, DtmfEvent, TurnCompleted
-from sip_bridge.call_telemetry import CallFacts, CallTelemetry
-from sip_bridge.records import CallRecords
+from sip_bridge.ops.call_telemetry import CallFacts, CallTelemetry
+from sip_bridge.ops.records import CallRecords
 
 CARD = "4111111111111111"  # the standard test card; the demo's cards table knows it
 CALL = "call-1"

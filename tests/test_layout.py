@@ -4,7 +4,7 @@
   a function (a "late import" is a cycle that waits), and under ``TYPE_CHECKING`` (a cycle
   for the reader and for mypy). Parts that must talk back type against a small public
   contract instead, as the operators' tools do with :mod:`sip_bridge.bridge_surface` and
-  the media clock with :class:`sip_bridge.media_clock.ClockedCall`.
+  the media clock with :class:`sip_bridge.media.media_clock.ClockedCall`.
 - ``jitter/``, ``resample/``, ``model_runtime/`` and ``agent/`` never import
   ``sip_bridge``: they are the libraries the bridge is built from.
 - No module over 500 lines without a ``# size:`` comment at its top saying why.
@@ -106,9 +106,9 @@ def test_the_cycle_finder_finds_a_cycle_through_any_kind_of_import() -> None:
 
 def test_the_walk_sees_late_and_type_only_imports() -> None:
     graph = import_graph(_modules())
-    assert "sip_bridge.media" in graph["sip_bridge.server"]  # module level
-    assert "sip_bridge.web_server" in graph["sip_bridge.server"]  # in a function
-    assert "sip_bridge.bridge_surface" in graph["sip_bridge.operator_view"]  # TYPE_CHECKING
+    assert "sip_bridge.media.call_media" in graph["sip_bridge.server"]  # module level
+    assert "sip_bridge.web.web_server" in graph["sip_bridge.server"]  # in a function
+    assert "sip_bridge.bridge_surface" in graph["sip_bridge.ops.operator_view"]  # TYPE_CHECKING
     assert "agent.words" in graph["agent.backchannel"]  # from agent.words import normalize
 
 
@@ -134,3 +134,51 @@ def test_no_module_is_long_without_saying_why() -> None:
         if len(lines) > MAX_LINES and not lines[0].startswith("# size: "):
             long.append(f"{path.relative_to(ROOT)} ({len(lines)} lines)")
     assert not long, f"over {MAX_LINES} lines with no '# size:' reason at the top: {long}"
+
+
+#: What each sub-package of sip_bridge may import, as its docstring says: other packages
+#: (a name ending in "." means the whole sub-package) and top-level modules by name.
+ALLOWED = {
+    "sip_bridge.sip": {"sip_bridge.config.", "sip_bridge.media."},
+    "sip_bridge.media": {"agent", "jitter", "resample", "sip_bridge.sip.", "sip_bridge.logs"},
+    "sip_bridge.config": {"agent", "sip_bridge.sip.", "sip_bridge.media."},
+    "sip_bridge.ops": {
+        "agent", "model_runtime", "sip_bridge.config.", "sip_bridge.sip.", "sip_bridge.media.",
+        "sip_bridge", "sip_bridge.bridge_surface", "sip_bridge.logs",
+    },
+    "sip_bridge.web": {
+        "agent", "resample", "sip_bridge.config.", "sip_bridge.ops.",
+        "sip_bridge.bridge_surface", "sip_bridge.agents", "sip_bridge.logs",
+    },
+    "sip_bridge.script": {
+        "agent", "jitter", "resample", "model_runtime",
+        "sip_bridge.config.", "sip_bridge.sip.", "sip_bridge.media.",
+    },
+}  # fmt: skip
+
+
+def _allowed(target: str, allowed: set[str]) -> bool:
+    if target.split(".")[0] in allowed:  # a library: agent, jitter, ...
+        return True
+    return target in allowed or any(a.endswith(".") and target.startswith(a) for a in allowed)
+
+
+def test_each_sub_package_imports_only_what_its_docstring_allows() -> None:
+    graph = import_graph(_modules())
+    found = {}
+    for package, allowed in ALLOWED.items():
+        assert (ROOT / package.replace(".", "/") / "__init__.py").read_text().count("May import")
+        for mod, targets in graph.items():
+            if mod == package or mod.startswith(package + "."):
+                bad = [t for t in targets if not t.startswith(package + ".")
+                       and t != package and not _allowed(t, allowed)]  # fmt: skip
+                if bad:
+                    found[mod] = sorted(bad)
+    assert not found, found
+    # every module of sip_bridge is in a sub-package but the few the top level keeps
+    top = {m for m in graph if m.count(".") == 1 and m.startswith("sip_bridge.")}
+    top = {m for m in top if m.split(".")[1] not in {p.split(".")[1] for p in ALLOWED}}
+    assert top == {
+        "sip_bridge.agents", "sip_bridge.bridge_surface", "sip_bridge.cli", "sip_bridge.logs",
+        "sip_bridge.native", "sip_bridge.server",
+    }, top  # fmt: skip

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sip_bridge.line_sim import (
+from sip_bridge.script.line_sim import (
     LineEcho,
     PacketSchedule,
     active_level_dbfs,

@@ -21,8 +21,8 @@ from numpy.typing import NDArray
 from agent.base import Agent
 from agent.echo import EchoAgent
 from sip_bridge import logs
-from sip_bridge.caller import CallOptions, place_call
-from sip_bridge.config import BridgeConfig, ConfigError, parse_config_text
+from sip_bridge.config.loader import BridgeConfig, ConfigError, parse_config_text
+from sip_bridge.script.caller import CallOptions, place_call
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import tone, write_wav
 

@@ -17,7 +17,7 @@ from numpy.typing import NDArray
 from jitter import JitterBuffer
 from jitter.netsim import NetworkModel, make_trace
 from resample import Resampler, alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from sip_bridge.rtp import RtpPacket, RtpSender
+from sip_bridge.media.rtp import RtpPacket, RtpSender
 
 CODECS = {
     0: (ulaw_encode, ulaw_decode),

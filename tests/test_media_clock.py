@@ -9,9 +9,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent import Agent, AgentOutput, CallInfo
-from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.media_clock import media_clock
-from sip_bridge.rtp_ports import RtpPortPool
+from sip_bridge.media.call_media import CallMedia, MediaParams
+from sip_bridge.media.media_clock import media_clock
+from sip_bridge.media.rtp_ports import RtpPortPool
 
 
 class Quiet(Agent):

@@ -17,10 +17,10 @@ import pytest
 from numpy.typing import NDArray
 
 from agent import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent
-from sip_bridge.dtmf import DtmfOutbox, DtmfReceiver, DtmfSender
-from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.rtp import RtpPacket, RtpSender, TelephoneEvent
-from sip_bridge.rtp_ports import RtpPortPool
+from sip_bridge.media.call_media import CallMedia, MediaParams
+from sip_bridge.media.dtmf import DtmfOutbox, DtmfReceiver, DtmfSender
+from sip_bridge.media.rtp import RtpPacket, RtpSender, TelephoneEvent
+from sip_bridge.media.rtp_ports import RtpPortPool
 
 
 def test_outbox_fills_frame_slots_with_one_digits_packets_then_gives_audio_back() -> None:

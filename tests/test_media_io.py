@@ -6,8 +6,8 @@ import asyncio
 import random
 import socket
 
-from sip_bridge.media_io import AudioRtpSender, PolledSocket, RtpProtocol
-from sip_bridge.rtp import RtpSender
+from sip_bridge.media.media_io import AudioRtpSender, PolledSocket, RtpProtocol
+from sip_bridge.media.rtp import RtpSender
 
 
 def test_packed_sender_makes_the_same_bytes_as_rtp_sender() -> None:

@@ -14,8 +14,8 @@ import random
 import pytest
 
 from agent import CallInfo, EchoAgent
-from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.rtcp import (
+from sip_bridge.media.call_media import CallMedia, MediaParams
+from sip_bridge.media.rtcp import (
     Bye,
     ReceiverReport,
     ReportBlock,
@@ -26,8 +26,8 @@ from sip_bridge.rtcp import (
     parse_compound,
     serialize_compound,
 )
-from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
-from sip_bridge.rtp_ports import RtpPortPool
+from sip_bridge.media.rtp import RtpPacket, RtpSender, looks_like_rtcp
+from sip_bridge.media.rtp_ports import RtpPortPool
 
 HOST = "127.0.0.1"
 FRAME = 160

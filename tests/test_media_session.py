@@ -23,11 +23,11 @@ from numpy.typing import NDArray
 from agent import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent, EchoAgent, HangupEvent
 from jitter import JitterBuffer
 from resample import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from sip_bridge.dtmf import DtmfDigit, DtmfReceiver, DtmfSender
-from sip_bridge.media import CallMedia, MediaParams, RtpReceiver
-from sip_bridge.pacer import Pacer, next_tick
-from sip_bridge.rtp import RtpPacket, RtpSender, unwrap_seq
-from sip_bridge.rtp_ports import RtpPortPool
+from sip_bridge.media.call_media import CallMedia, MediaParams, RtpReceiver
+from sip_bridge.media.dtmf import DtmfDigit, DtmfReceiver, DtmfSender
+from sip_bridge.media.pacer import Pacer, next_tick
+from sip_bridge.media.rtp import RtpPacket, RtpSender, unwrap_seq
+from sip_bridge.media.rtp_ports import RtpPortPool
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -448,7 +448,7 @@ def test_next_tick_nudges_at_most_5_ms() -> None:
 
 def test_receiver_filters_without_sockets() -> None:
     jb = JitterBuffer()
-    from sip_bridge.media import CODECS
+    from sip_bridge.media.call_media import CODECS
 
     r = RtpReceiver(jb, CODECS[0], 0, ("10.0.0.1", 4000), latch=True)
     pkt = RtpPacket(0, 1, 160, 42, bytes(160)).serialize()

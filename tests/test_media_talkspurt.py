@@ -20,10 +20,10 @@ from numpy.typing import NDArray
 
 from agent import Agent, AgentOutput, CallInfo, EchoAgent
 from resample import ulaw_decode, ulaw_encode
-from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.media_clock import MediaClock, media_clock
-from sip_bridge.rtp import RtpPacket, RtpSender
-from sip_bridge.rtp_ports import RtpPortPool
+from sip_bridge.media.call_media import CallMedia, MediaParams
+from sip_bridge.media.media_clock import MediaClock, media_clock
+from sip_bridge.media.rtp import RtpPacket, RtpSender
+from sip_bridge.media.rtp_ports import RtpPortPool
 from testkit.media_fakes import FakeLoop
 
 PEER = ("127.0.0.1", 4000)

@@ -15,13 +15,13 @@ import socket
 import pytest
 
 from agent import CallInfo, EchoAgent
-from sip_bridge.config import BridgeConfig
-from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.message import SipResponse, parse_message
-from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
-from sip_bridge.rtp_ports import RtpPortPool
-from sip_bridge.rtp_receiver import LATCH_PACKETS
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.media.call_media import CallMedia, MediaParams
+from sip_bridge.media.rtp import RtpPacket, RtpSender, looks_like_rtcp
+from sip_bridge.media.rtp_ports import RtpPortPool
+from sip_bridge.media.rtp_receiver import LATCH_PACKETS
 from sip_bridge.server import BridgeServer
+from sip_bridge.sip.message import SipResponse, parse_message
 from testkit.phone import phone_request
 
 HOST = "127.0.0.1"

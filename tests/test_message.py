@@ -1,4 +1,4 @@
-"""Tests for sip_bridge.message: RFC 3261 parse/serialize, header grammar, stream framing.
+"""Tests for sip_bridge.sip.message: RFC 3261 parse/serialize, header grammar, stream framing.
 
 The example messages are hand-written in the style of the RFC 3665 call flows and the
 RFC 4475 torture tests (compact forms, folding, odd spacing, escaped display names,
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sip_bridge.framing import StreamFramer
-from sip_bridge.message import (
+from sip_bridge.sip.framing import StreamFramer
+from sip_bridge.sip.message import (
     Headers,
     NameAddr,
     SipMessage,

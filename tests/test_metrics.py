@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from sip_bridge.metrics import (
+from sip_bridge.ops.metrics import (
     MAX_REQUEST,
     OUTCOMES,
     READ_TIMEOUT_S,

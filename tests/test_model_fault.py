@@ -27,9 +27,9 @@ from agent.model_guard import ModelGuard
 from agent.playback import load_wav
 from agent.voice import VoiceAgent
 from sip_bridge.agents import make_agent, prepare_agents
-from sip_bridge.config import BridgeConfig, load_config
-from sip_bridge.metrics import BridgeMetrics
-from sip_bridge.records import CallRecords
+from sip_bridge.config.loader import BridgeConfig, load_config
+from sip_bridge.ops.metrics import BridgeMetrics
+from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import random_port_range
 from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
@@ -572,7 +572,7 @@ def test_the_take_over_drops_what_the_failed_agent_writes_while_it_stops() -> No
     ],
 )
 def test_model_fault_keys_are_checked_with_file_and_line(lines: str, message: str) -> None:
-    from sip_bridge.config import ConfigError, parse_config_text
+    from sip_bridge.config.loader import ConfigError, parse_config_text
 
     where = str(ROOT / "config" / "x.toml")
     with pytest.raises(ConfigError) as err:
@@ -583,7 +583,7 @@ def test_model_fault_keys_are_checked_with_file_and_line(lines: str, message: st
 def test_a_stereo_or_44k_prompt_is_refused(tmp_path: Path) -> None:
     import wave
 
-    from sip_bridge.config import ConfigError, parse_config_text
+    from sip_bridge.config.loader import ConfigError, parse_config_text
 
     bad = tmp_path / "p.wav"
     with wave.open(str(bad), "wb") as w:

@@ -16,8 +16,8 @@ from pathlib import Path
 import aiomqtt
 import pytest
 
-from sip_bridge import call_events as ce
-from sip_bridge.call_events import (
+from sip_bridge.ops import call_events as ce
+from sip_bridge.ops.call_events import (
     CommandError,
     HangupCommand,
     PauseCommand,
@@ -26,7 +26,7 @@ from sip_bridge.call_events import (
     TransferCommand,
     parse_command,
 )
-from sip_bridge.mqtt_link import MqttLink
+from sip_bridge.ops.mqtt_link import MqttLink
 from testkit.mosquitto_runner import HOST, Mosquitto, free_port
 
 pytestmark = pytest.mark.timeout(30)

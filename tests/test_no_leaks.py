@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from sip_bridge.config import BridgeConfig, TimersConfig
+from sip_bridge.config.loader import BridgeConfig, TimersConfig
 from sip_bridge.server import BridgeServer
 from testkit.sipp_runner import run_sipp
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from sip_bridge.config import BridgeConfig, load_config
+from sip_bridge.config.loader import BridgeConfig, load_config
 from testkit.kamailio_runner import (
     DISPATCHER_LIST,
     EXAMPLES,

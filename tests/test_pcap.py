@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sip_bridge.rtp import InterarrivalJitter, RtpPacket, unwrap_seq
+from sip_bridge.media.rtp import InterarrivalJitter, RtpPacket, unwrap_seq
 from testkit.pcap import (
     LINKTYPE_EN10MB,
     LINKTYPE_IPV4,

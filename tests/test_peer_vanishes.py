@@ -8,8 +8,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from sip_bridge.config import BridgeConfig
-from sip_bridge.records import CallRecords
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from testkit.wire_caller import WireCaller
 

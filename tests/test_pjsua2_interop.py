@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, TransferRequest, TransferResult
 from agent.echo import EchoAgent
-from sip_bridge.config import BridgeConfig
+from sip_bridge.config.loader import BridgeConfig
 from testkit.peers.support import (
     LineReader,
     assert_tone,

@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from jitter.jitter_ingest import JitterStats
-from sip_bridge import records_cli
-from sip_bridge.media_params import MediaStats
-from sip_bridge.records import SCHEMA_VERSION, CallRecords, RecordsError, media_summary
+from sip_bridge.media.media_params import MediaStats
+from sip_bridge.ops import records_cli
+from sip_bridge.ops.records import SCHEMA_VERSION, CallRecords, RecordsError, media_summary
 
 REPO = Path(__file__).resolve().parents[1]
 T0 = 1_700_000_000.0
@@ -362,7 +362,7 @@ def test_unopenable_stores_raise_one_line(tmp_path: Path) -> None:
 _CHILD = textwrap.dedent(
     """
     import os, signal, sys, time
-    from sip_bridge.records import CallRecords
+    from sip_bridge.ops.records import CallRecords
     store = CallRecords(sys.argv[1])
     t0 = 1_700_000_000.0
     store.call_started("done", caller="sip:alice@x", at=t0)
@@ -413,7 +413,7 @@ def test_a_completed_call_survives_kill_9(db: Path, how: str) -> None:
 _WRITER = textwrap.dedent(
     """
     import sys
-    from sip_bridge.records import CallRecords
+    from sip_bridge.ops.records import CallRecords
     store = CallRecords(sys.argv[1])
     for i in range(300):
         cid = f"w{i:04d}"
@@ -567,7 +567,7 @@ def test_main_in_a_subprocess(db: Path) -> None:
     store = CallRecords(db)
     _record_call(store, "sub-call")
     store.close()
-    code = "import sys; from sip_bridge.records_cli import main; sys.exit(main())"
+    code = "import sys; from sip_bridge.ops.records_cli import main; sys.exit(main())"
     run = subprocess.run(
         [sys.executable, "-c", code, "show", "sub-call", "--db", str(db)],
         capture_output=True, text=True, timeout=30, cwd=REPO,

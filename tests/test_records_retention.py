@@ -16,9 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from sip_bridge.config import BridgeConfig
-from sip_bridge.records import CallRecords
-from sip_bridge.records_retention import DAY_S, caller_key, export_caller, purge
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.ops.records import CallRecords
+from sip_bridge.ops.records_retention import DAY_S, caller_key, export_caller, purge
 from sip_bridge.server import BridgeServer
 
 NOW = time.time()

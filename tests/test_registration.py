@@ -6,9 +6,9 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from sip_bridge.digest import Verdict, make_challenge, parse_auth_params, verify
-from sip_bridge.message import SipRequest, SipResponse, make_response, parse_message
-from sip_bridge.registration import Registration, RegState, refresh_delay
+from sip_bridge.sip.digest import Verdict, make_challenge, parse_auth_params, verify
+from sip_bridge.sip.message import SipRequest, SipResponse, make_response, parse_message
+from sip_bridge.sip.registration import Registration, RegState, refresh_delay
 
 AOR = "sip:alice@sip.example.com"
 REGISTRAR = "sip:sip.example.com"

@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sip_bridge.caller import CallOptions, place_call
-from sip_bridge.config import BridgeConfig, load_config
-from sip_bridge.records import CallRecords
-from sip_bridge.records_cli import main as calls_main
-from sip_bridge.reload import ConfigWatcher, keep_bound, reload_bridge, watched_files
+from sip_bridge.config.loader import BridgeConfig, load_config
+from sip_bridge.ops.records import CallRecords
+from sip_bridge.ops.records_cli import main as calls_main
+from sip_bridge.ops.reload import ConfigWatcher, keep_bound, reload_bridge, watched_files
+from sip_bridge.script.caller import CallOptions, place_call
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import tone, write_wav
 

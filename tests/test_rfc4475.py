@@ -10,9 +10,9 @@ from urllib.parse import unquote
 
 import pytest
 
-from sip_bridge.config import SipConfig, TimersConfig
-from sip_bridge.framing import StreamFramer
-from sip_bridge.message import (
+from sip_bridge.config.loader import SipConfig, TimersConfig
+from sip_bridge.sip.framing import StreamFramer
+from sip_bridge.sip.message import (
     Headers,
     NameAddr,
     SipParseError,
@@ -21,7 +21,7 @@ from sip_bridge.message import (
     SipUri,
     parse_message,
 )
-from sip_bridge.ua import BridgeUA, CallOffered, Send, UaEvent
+from sip_bridge.sip.ua import BridgeUA, CallOffered, Send, UaEvent
 
 DATA = Path(__file__).parent / "data" / "rfc4475"
 SOURCE = ("127.0.0.1", 5070)

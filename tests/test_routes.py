@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.cli import main as cli_main
-from sip_bridge.config import ConfigError, load_config
-from sip_bridge.routes import RouteConfig, match_route, user_part
+from sip_bridge.config.loader import ConfigError, load_config
+from sip_bridge.config.routes import RouteConfig, match_route, user_part
+from sip_bridge.script.caller import CallOptions, place_call
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import tone, write_wav
 

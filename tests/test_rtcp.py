@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sip_bridge.rtcp import (
+from sip_bridge.media.rtcp import (
     NTP_UNIX_OFFSET,
     Bye,
     ReceiverReport,
@@ -27,7 +27,7 @@ from sip_bridge.rtcp import (
     serialize_compound,
     serialize_packet,
 )
-from sip_bridge.rtcp_session import ReceptionStats, RtcpReport, RtcpSession, rtcp_interval
+from sip_bridge.media.rtcp_session import ReceptionStats, RtcpReport, RtcpSession, rtcp_interval
 
 # --- byte-exact vectors, assembled field by field from the RFC 3550 figures -------------
 

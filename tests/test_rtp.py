@@ -1,4 +1,4 @@
-"""Tests for sip_bridge.rtp: RFC 3550 packets, RFC 4733 events, DTMF, sender, unwrap."""
+"""Tests for sip_bridge.media.rtp: RFC 3550 packets, RFC 4733 events, DTMF, sender, unwrap."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sip_bridge.dtmf import DtmfDigit, DtmfReceiver, DtmfSender
-from sip_bridge.rtp import (
+from sip_bridge.media.dtmf import DtmfDigit, DtmfReceiver, DtmfSender
+from sip_bridge.media.rtp import (
     DTMF_EVENTS,
     InterarrivalJitter,
     RtpError,
@@ -25,7 +25,7 @@ from sip_bridge.rtp import (
     unwrap_seq,
     unwrap_ts,
 )
-from sip_bridge.rtp_receiver import CODECS
+from sip_bridge.media.rtp_receiver import CODECS
 
 # ---------------------------------------------------------------------------------------
 # Hand-assembled vectors (RFC 3550 section 5.1 layout)

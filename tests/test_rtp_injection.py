@@ -7,7 +7,7 @@ packet rate, carrying a loud 1900 Hz tone. After latching (or with latching off)
 must stay the caller's 700 Hz, the bridge must keep sending to the caller, and the call's
 ``wrong_source`` counter must count every injected packet.
 
-The rule for latching (sip_bridge/rtp_receiver.py): packets from the SDP's address are
+The rule for latching (sip_bridge/media/rtp_receiver.py): packets from the SDP's address are
 always the peer's; another source is latched onto, before latching only, after
 LATCH_PACKETS packets in sequence. ``symmetric = "auto"`` latches only when the SDP address
 is private. The race before latching is tested too: with latching off (what "auto" does
@@ -28,13 +28,13 @@ import pytest
 from numpy.typing import NDArray
 
 from resample.g711 import ulaw_encode
-from sip_bridge.config import BridgeConfig
-from sip_bridge.media import CallMedia
-from sip_bridge.offer_answer import MediaConfig, NegotiatedMedia
-from sip_bridge.rtp import RtpPacket
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.media.call_media import CallMedia
+from sip_bridge.media.rtp import RtpPacket
 from sip_bridge.server import BridgeServer
-from sip_bridge.transport import Received, SipTransport
-from sip_bridge.uac import OutboundCall
+from sip_bridge.sip.offer_answer import MediaConfig, NegotiatedMedia
+from sip_bridge.sip.transport import Received, SipTransport
+from sip_bridge.sip.uac import OutboundCall
 from testkit.wire_caller import WireCaller, _Rtp
 
 CALLER_HZ, ATTACK_HZ = 700.0, 1900.0

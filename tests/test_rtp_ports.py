@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from sip_bridge.rtp_ports import PortsExhausted, RtpPortPool
+from sip_bridge.media.rtp_ports import PortsExhausted, RtpPortPool
 
 
 class Sink(asyncio.DatagramProtocol):

@@ -42,11 +42,11 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from sip_bridge.admission import InboundPolicy
-from sip_bridge.config import InboundConfig
-from sip_bridge.digest import DigestClient, choose_challenge
-from sip_bridge.message import SipRequest, parse_message
-from sip_bridge.trunks import TrunkConfig
+from sip_bridge.config.loader import InboundConfig
+from sip_bridge.config.trunks import TrunkConfig
+from sip_bridge.sip.admission import InboundPolicy
+from sip_bridge.sip.digest import DigestClient, choose_challenge
+from sip_bridge.sip.message import SipRequest, parse_message
 from testkit.sipp_media import random_port_range, tone, write_wav
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -310,7 +310,7 @@ def _dominant_hz(path: Path, start_s: float, end_s: float) -> float:
 CALLER = """
 import asyncio, json, sys
 from pathlib import Path
-from sip_bridge.caller import CallOptions, place_call
+from sip_bridge.script.caller import CallOptions, place_call
 uri, play, record, seconds, low, high, host = sys.argv[1:]
 opts = CallOptions(uri, Path(play), Path(record), duration_s=float(seconds),
                    rtp_ports=(int(low), int(high)), local_host=host, answer_timeout_s=10)

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from sip_bridge.config_types import ConfigError
-from sip_bridge.script_file import (
+from sip_bridge.config.config_types import ConfigError
+from sip_bridge.script.script_file import (
     CallerHangup,
     Dtmf,
     Expect,

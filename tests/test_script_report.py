@@ -5,10 +5,10 @@ from __future__ import annotations
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from sip_bridge.heard_audio import Gap, Reaction
-from sip_bridge.script_actions import StepResult, Summary, TalkOver
-from sip_bridge.script_file import parse_script_text
-from sip_bridge.script_report import CallReport, format_report, format_step, junit_xml
+from sip_bridge.script.heard_audio import Gap, Reaction
+from sip_bridge.script.script_actions import StepResult, Summary, TalkOver
+from sip_bridge.script.script_file import parse_script_text
+from sip_bridge.script.script_report import CallReport, format_report, format_step, junit_xml
 
 
 def _report(tmp_path: Path) -> CallReport:

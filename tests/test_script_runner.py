@@ -17,13 +17,13 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, TransferRequest, TransferResult
-from sip_bridge.config import BridgeConfig, load_config
-from sip_bridge.line_sim import active_level_dbfs
-from sip_bridge.records import CallRecords
-from sip_bridge.script_file import parse_script_text
-from sip_bridge.script_leg import LineOptions
-from sip_bridge.script_report import CallReport, junit_xml
-from sip_bridge.script_runner import RunOptions, Transcriber, run_script
+from sip_bridge.config.loader import BridgeConfig, load_config
+from sip_bridge.ops.records import CallRecords
+from sip_bridge.script.line_sim import active_level_dbfs
+from sip_bridge.script.script_file import parse_script_text
+from sip_bridge.script.script_leg import LineOptions
+from sip_bridge.script.script_report import CallReport, junit_xml
+from sip_bridge.script.script_runner import RunOptions, Transcriber, run_script
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import random_port_range
 from testkit.sipp_runner import free_port, sipp_command

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from sip_bridge.heard_audio import FRAME_S, HeardAudio
-from sip_bridge.script_actions import (
+from sip_bridge.script.heard_audio import FRAME_S, HeardAudio
+from sip_bridge.script.script_actions import (
     Action,
     CallerTiming,
     HangUp,
@@ -20,8 +20,8 @@ from sip_bridge.script_actions import (
     Transcribe,
     normalize_transcript,
 )
-from sip_bridge.script_file import parse_script_text
-from sip_bridge.script_steps import ScriptPlayer
+from sip_bridge.script.script_file import parse_script_text
+from sip_bridge.script.script_steps import ScriptPlayer
 
 LOUD = np.full(160, 3000, np.int16)
 QUIET = np.zeros(160, np.int16)

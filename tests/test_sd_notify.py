@@ -28,8 +28,8 @@ from pathlib import Path
 import pytest
 
 from sip_bridge.cli import main as cli_main
-from sip_bridge.records import CallRecords
-from sip_bridge.sd_notify import ServiceNotifier, notify_message, socket_address
+from sip_bridge.ops.records import CallRecords
+from sip_bridge.ops.sd_notify import ServiceNotifier, notify_message, socket_address
 from testkit.peers.support import free_udp_port
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Tests for sip_bridge.sdp: RFC 4566 parse/serialize, RFC 3264 offer/answer.
+"""Tests for sip_bridge.sip.sdp: RFC 4566 parse/serialize, RFC 3264 offer/answer.
 
 The offers are written by hand in the shape real softphones, PBXs and carriers send.
 """
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sip_bridge.offer_answer import (
+from sip_bridge.sip.offer_answer import (
     MediaConfig,
     accept_answer,
     answer,
@@ -19,7 +19,7 @@ from sip_bridge.offer_answer import (
     bump_version,
     make_offer,
 )
-from sip_bridge.sdp import (
+from sip_bridge.sip.sdp import (
     Connection,
     MediaDescription,
     NoCommonCodec,

@@ -8,15 +8,15 @@ from __future__ import annotations
 
 import pytest
 
-from sip_bridge.config import SipConfig, TimersConfig
-from sip_bridge.message import SipRequest, SipResponse, make_response, new_branch, parse_message
-from sip_bridge.session_timer import (
+from sip_bridge.config.loader import SipConfig, TimersConfig
+from sip_bridge.sip.message import SipRequest, SipResponse, make_response, new_branch, parse_message
+from sip_bridge.sip.session_timer import (
     IntervalTooSmall,
     SessionTimer,
     negotiate,
     parse_session_expires,
 )
-from sip_bridge.ua import BridgeUA, CallEnded, CallOffered, Send, UaEvent
+from sip_bridge.sip.ua import BridgeUA, CallEnded, CallOffered, Send, UaEvent
 
 BRIDGE_IP = "203.0.113.5"
 CALLER = ("192.0.2.10", 5062)

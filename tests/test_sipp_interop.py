@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sip_bridge.config import BridgeConfig, InboundConfig, SipConfig, TimersConfig
+from sip_bridge.config.loader import BridgeConfig, InboundConfig, SipConfig, TimersConfig
 from sip_bridge.server import BridgeServer
 from testkit.sipp_runner import run_sipp
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from sip_bridge.config import BridgeConfig
-from sip_bridge.media import MediaStats
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.media.call_media import MediaStats
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import (
     HOST,

@@ -23,7 +23,7 @@ from agent.base import (
     TransferRequest,
     TransferResult,
 )
-from sip_bridge.config import BridgeConfig
+from sip_bridge.config.loader import BridgeConfig
 from sip_bridge.server import BridgeServer
 from testkit.sipp_runner import run_sipp
 

@@ -30,9 +30,9 @@ import numpy as np
 import pytest
 
 from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
-from sip_bridge.config import BridgeConfig
-from sip_bridge.media import MediaStats
-from sip_bridge.rtp import RtpPacket, RtpSender, looks_like_rtcp
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.media.call_media import MediaStats
+from sip_bridge.media.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.server import BridgeServer
 from testkit.peers.support import dominant_hz
 from testkit.sipp_media import HOST, random_port_range, run_sipp_in, tone, write_ulaw

@@ -17,7 +17,7 @@ from test_speech_to_speech import delay_model
 
 from model_runtime.batching import TickBatcher
 from sip_bridge import agents
-from sip_bridge.config import ConfigError, load_config
+from sip_bridge.config.loader import ConfigError, load_config
 from sip_bridge.server import BridgeServer
 from testkit.peers.support import dominant_hz
 from testkit.sipp_media import random_port_range

@@ -372,8 +372,8 @@ def test_new_state_is_zero_and_typed(tmp_path: Path) -> None:
 def test_a_speech_model_call_is_resampled_to_the_models_rate_and_back(tmp_path: Path) -> None:
     """The call's chain, as built for this agent: the line's 8 kHz up to the model's own
     rate (16 kHz here) and back, the resamplers around it and nowhere else."""
-    from sip_bridge.media import CallMedia, MediaParams
-    from sip_bridge.rtp_ports import RtpPortPool
+    from sip_bridge.media.call_media import CallMedia, MediaParams
+    from sip_bridge.media.rtp_ports import RtpPortPool
 
     agent = SpeechToSpeechAgent(SpeechToSpeechModel(_gain_spec(gain_model(tmp_path / "g.onnx"))))
     media = CallMedia(agent, RtpPortPool(40000, 40001), MediaParams("127.0.0.1", 4000))

@@ -14,13 +14,19 @@ import pytest
 
 from agent import CallInfo, EchoAgent
 from resample import ulaw_decode, ulaw_encode
-from sip_bridge.config import ConfigError, load_config, parse_config_text
-from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.offer_answer import MediaConfig, accept_answer, answer, answered_media, make_offer
-from sip_bridge.rtp import RtpPacket, RtpSender
-from sip_bridge.rtp_ports import RtpPortPool
-from sip_bridge.sdp import CryptoAttribute, NoCommonCodec, SdpError, parse_sdp
-from sip_bridge.srtp import SrtpContext, SrtpKeys
+from sip_bridge.config.loader import ConfigError, load_config, parse_config_text
+from sip_bridge.media.call_media import CallMedia, MediaParams
+from sip_bridge.media.rtp import RtpPacket, RtpSender
+from sip_bridge.media.rtp_ports import RtpPortPool
+from sip_bridge.media.srtp import SrtpContext, SrtpKeys
+from sip_bridge.sip.offer_answer import (
+    MediaConfig,
+    accept_answer,
+    answer,
+    answered_media,
+    make_offer,
+)
+from sip_bridge.sip.sdp import CryptoAttribute, NoCommonCodec, SdpError, parse_sdp
 
 KEY = bytes(range(30))
 KEY_B64 = base64.b64encode(KEY).decode()

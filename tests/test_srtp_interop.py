@@ -24,9 +24,9 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from sip_bridge.caller import CallOptions, place_call
-from sip_bridge.config_types import TlsConfig
-from sip_bridge.rtp import RtpPacket
+from sip_bridge.config.config_types import TlsConfig
+from sip_bridge.media.rtp import RtpPacket
+from sip_bridge.script.caller import CallOptions, place_call
 from testkit.peers.baresip import Baresip
 from testkit.peers.support import (
     HearingBridgeThread,

@@ -11,8 +11,8 @@ from dataclasses import replace
 
 from test_ua import BARESIP_SDP, CONFIG, invite_text, make_ua, offer_call, responses
 
-from sip_bridge.sdp import parse_sdp
-from sip_bridge.ua import Admission, BridgeUA
+from sip_bridge.sip.sdp import parse_sdp
+from sip_bridge.sip.ua import Admission, BridgeUA
 
 CALLER = ("192.168.1.20", 5060)
 KEY = "WVNfX19zZW1jdGwgKCkgewkyMjA7fQp9CnVubGVz"  # 30 bytes, base64: RFC 4568's example

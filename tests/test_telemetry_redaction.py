@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from agent.base import TurnCompleted
-from sip_bridge import call_telemetry
-from sip_bridge.call_telemetry import CallTelemetry
-from sip_bridge.records import CallRecords
+from sip_bridge.ops import call_telemetry
+from sip_bridge.ops.call_telemetry import CallTelemetry
+from sip_bridge.ops.records import CallRecords
 
 CARD = "4111111111111111"
 

@@ -21,16 +21,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from sip_bridge.config import BridgeConfig, ConfigError, TlsConfig, load_config
-from sip_bridge.framing import StreamFramer
-from sip_bridge.message import (
+from sip_bridge.config.loader import BridgeConfig, ConfigError, TlsConfig, load_config
+from sip_bridge.server import BridgeServer
+from sip_bridge.sip.framing import StreamFramer
+from sip_bridge.sip.message import (
     SipMessage,
     SipRequest,
     SipResponse,
     make_response,
 )
-from sip_bridge.server import BridgeServer
-from sip_bridge.transport import (
+from sip_bridge.sip.transport import (
     Received,
     SipTransport,
     TransportError,

@@ -9,14 +9,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sip_bridge.message import (
+from sip_bridge.sip.message import (
     SipRequest,
     SipResponse,
     make_response,
     parse_message,
 )
-from sip_bridge.timers import TimerConfig, TimerQueue, is_reliable
-from sip_bridge.transaction import (
+from sip_bridge.sip.timers import TimerConfig, TimerQueue, is_reliable
+from sip_bridge.sip.transaction import (
     AckReceived,
     AckTimeout,
     Event,

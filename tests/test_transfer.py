@@ -1,11 +1,11 @@
-"""The sans-I/O REFER state (sip_bridge.transfer): sipfrag parsing, target rules, and the
+"""The sans-I/O REFER state (sip_bridge.sip.transfer): sipfrag parsing, target rules, and the
 subscription's state machine, without a UA or a clock."""
 
 from __future__ import annotations
 
 import pytest
 
-from sip_bridge.transfer import (
+from sip_bridge.sip.transfer import (
     NotifyAnswer,
     Refer,
     TransferProgress,

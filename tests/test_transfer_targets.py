@@ -20,13 +20,13 @@ from agent.dialogue import DialogueEngine, Transfer
 from agent.profile import ProfileError
 from agent.profile_loader import load_profile
 from agent.transfer_target import target_problem
-from sip_bridge.call_telemetry import CallTelemetry
-from sip_bridge.caller import CallOptions, place_call
 from sip_bridge.cli import main as cli_main
-from sip_bridge.config import BridgeConfig
-from sip_bridge.metrics import BridgeMetrics
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.ops.call_telemetry import CallTelemetry
+from sip_bridge.ops.metrics import BridgeMetrics
+from sip_bridge.script.caller import CallOptions, place_call
 from sip_bridge.server import BridgeServer
-from sip_bridge.transfer import refer_target
+from sip_bridge.sip.transfer import refer_target
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -130,7 +130,7 @@ def test_templates_render_with_variables_and_slots_in_the_call(tmp_path: Path) -
 def test_a_failed_transfer_is_logged_and_counted(caplog: pytest.LogCaptureFixture) -> None:
     metrics = BridgeMetrics()
     telemetry = CallTelemetry("n1", metrics=metrics)
-    with caplog.at_level(logging.WARNING, logger="sip_bridge.call_telemetry"):
+    with caplog.at_level(logging.WARNING, logger="sip_bridge.ops.call_telemetry"):
         telemetry.transfer_ended("c-9", "sip:1001@pbx", "failed", 501, "REFER rejected: 501")
         telemetry.transfer_ended("c-9", "sip:1001@pbx", "succeeded", 200, "200 OK")
     (line,) = [r.getMessage() for r in caplog.records]

@@ -7,8 +7,8 @@ import socket
 
 import pytest
 
-from sip_bridge.message import SipRequest, parse_message
-from sip_bridge.transport import Received, SipTransport, TransportError
+from sip_bridge.sip.message import SipRequest, parse_message
+from sip_bridge.sip.transport import Received, SipTransport, TransportError
 
 OPTIONS = (
     b"OPTIONS sip:bridge@{host} SIP/2.0\r\n"

@@ -10,9 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sip_bridge.config import BridgeConfig, ControlConfig
+from sip_bridge.config.loader import BridgeConfig, ControlConfig
+from sip_bridge.config.trunks import TrunkConfig
 from sip_bridge.server import BridgeServer
-from sip_bridge.trunks import TrunkConfig
 from testkit.sipp_runner import finish, free_port, run_sipp, start_sipp
 
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from sip_bridge.digest import Verdict, make_challenge, verify
-from sip_bridge.message import SipRequest, SipResponse, make_response, parse_message
-from sip_bridge.transaction import SendMessage
-from sip_bridge.trunk_registrations import RegistrationChanged, TrunkRegistrations
-from sip_bridge.trunks import TrunkConfig
+from sip_bridge.config.trunks import TrunkConfig
+from sip_bridge.sip.digest import Verdict, make_challenge, verify
+from sip_bridge.sip.message import SipRequest, SipResponse, make_response, parse_message
+from sip_bridge.sip.transaction import SendMessage
+from sip_bridge.sip.trunk_registrations import RegistrationChanged, TrunkRegistrations
 
 TRUNK = TrunkConfig(
     "carrier", registrar="192.0.2.1:5080", username="4420", password="pw", expires_s=600

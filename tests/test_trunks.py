@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from sip_bridge.admission import InboundPolicy
-from sip_bridge.config import DEMO_PROFILE, ConfigError, InboundConfig, load_config
-from sip_bridge.digest import DigestClient, choose_challenge
-from sip_bridge.message import SipRequest, parse_message
-from sip_bridge.trunks import TrunkConfig
+from sip_bridge.config.loader import DEMO_PROFILE, ConfigError, InboundConfig, load_config
+from sip_bridge.config.trunks import TrunkConfig
+from sip_bridge.sip.admission import InboundPolicy
+from sip_bridge.sip.digest import DigestClient, choose_challenge
+from sip_bridge.sip.message import SipRequest, parse_message
 
 INVITE = (
     b"INVITE sip:echo@127.0.0.1:5060 SIP/2.0\r\n"

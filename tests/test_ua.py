@@ -10,10 +10,10 @@ from typing import TypeVar
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sip_bridge.config import SipConfig, TimersConfig
-from sip_bridge.message import NameAddr, SipRequest, SipResponse, new_branch, parse_message
-from sip_bridge.sdp import parse_sdp
-from sip_bridge.ua import (
+from sip_bridge.config.loader import SipConfig, TimersConfig
+from sip_bridge.sip.message import NameAddr, SipRequest, SipResponse, new_branch, parse_message
+from sip_bridge.sip.sdp import parse_sdp
+from sip_bridge.sip.ua import (
     BridgeUA,
     CallEnded,
     CallEstablished,

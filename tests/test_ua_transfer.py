@@ -19,9 +19,9 @@ from test_ua import (
     run_until,
 )
 
-from sip_bridge.config import SipConfig
-from sip_bridge.message import NameAddr, SipRequest, SipResponse, make_response, parse_message
-from sip_bridge.ua import BridgeUA, CallEnded, Send, TransferProgress, UaEvent
+from sip_bridge.config.loader import SipConfig
+from sip_bridge.sip.message import NameAddr, SipRequest, SipResponse, make_response, parse_message
+from sip_bridge.sip.ua import BridgeUA, CallEnded, Send, TransferProgress, UaEvent
 
 ALICE_CONTACT = "sip:alice-0x5581@192.168.1.20:5062;transport=udp"
 

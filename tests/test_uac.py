@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from sip_bridge.message import SipRequest, SipResponse, make_response, parse_message
-from sip_bridge.offer_answer import MediaConfig
-from sip_bridge.transaction import SendMessage
-from sip_bridge.uac import (
+from sip_bridge.sip.message import SipRequest, SipResponse, make_response, parse_message
+from sip_bridge.sip.offer_answer import MediaConfig
+from sip_bridge.sip.transaction import SendMessage
+from sip_bridge.sip.uac import (
     CallAnswered,
     CallEnded,
     CallFailed,

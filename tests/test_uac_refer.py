@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sip_bridge.message import (
+from sip_bridge.sip.message import (
     Headers,
     SipRequest,
     SipResponse,
@@ -11,10 +11,10 @@ from sip_bridge.message import (
     new_branch,
     parse_message,
 )
-from sip_bridge.offer_answer import MediaConfig
-from sip_bridge.transaction import SendMessage
-from sip_bridge.transfer import Refer
-from sip_bridge.uac import CallAnswered, OutboundCall, ReferReceived, UacEvent
+from sip_bridge.sip.offer_answer import MediaConfig
+from sip_bridge.sip.transaction import SendMessage
+from sip_bridge.sip.transfer import Refer
+from sip_bridge.sip.uac import CallAnswered, OutboundCall, ReferReceived, UacEvent
 
 PEER = ("192.0.2.10", 5060)
 LOCAL = ("192.0.2.1", 5070)

@@ -6,7 +6,7 @@ the requests and responses the call puts on the wire.
 
 from __future__ import annotations
 
-from sip_bridge.message import (
+from sip_bridge.sip.message import (
     Headers,
     SipRequest,
     SipResponse,
@@ -15,10 +15,10 @@ from sip_bridge.message import (
     new_branch,
     parse_message,
 )
-from sip_bridge.offer_answer import MediaConfig
-from sip_bridge.sdp import parse_sdp
-from sip_bridge.transaction import SendMessage
-from sip_bridge.uac import (
+from sip_bridge.sip.offer_answer import MediaConfig
+from sip_bridge.sip.sdp import parse_sdp
+from sip_bridge.sip.transaction import SendMessage
+from sip_bridge.sip.uac import (
     CallAnswered,
     CallEnded,
     CallFailed,

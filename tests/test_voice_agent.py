@@ -41,8 +41,8 @@ from agent.profile_loader import load_profile
 from agent.sentences import split_sentences
 from agent.voice import VoiceAgent, VoiceSettings
 from agent.voice_models import FIRST_WORDS
-from sip_bridge.media import CallMedia, MediaParams
-from sip_bridge.rtp_ports import RtpPortPool
+from sip_bridge.media.call_media import CallMedia, MediaParams
+from sip_bridge.media.rtp_ports import RtpPortPool
 
 DEMO = Path(__file__).resolve().parents[1] / "config" / "agents" / "demo.toml"
 

@@ -20,8 +20,8 @@ from agent.base import FADE_MS
 from agent.voice import VoiceAgent
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
-from sip_bridge.config import BridgeConfig, load_config
-from sip_bridge.records import CallRecords
+from sip_bridge.config.loader import BridgeConfig, load_config
+from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import random_port_range
 from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak

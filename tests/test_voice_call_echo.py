@@ -29,7 +29,7 @@ from agent.base import FADE_MS
 from agent.voice import VoiceAgent
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
-from sip_bridge.config import BridgeConfig, load_config
+from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer
 from testkit.barge_in_sim import onset_sample
 from testkit.line_echo import LineEcho, at_level, espeak_voice

@@ -23,10 +23,10 @@ from numpy.typing import NDArray
 
 from resample import Resampler
 from sip_bridge.agents import prepare_agents
-from sip_bridge.config import DEMO_PROFILE, BridgeConfig, load_config
-from sip_bridge.console_view import live_calls
-from sip_bridge.records import CallRecords
+from sip_bridge.config.loader import DEMO_PROFILE, BridgeConfig, load_config
+from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
+from sip_bridge.web.console_view import live_calls
 from testkit.line_tones import ringback_frames
 from testkit.sipp_media import random_port_range
 from testkit.sipp_runner import free_port, start_sipp

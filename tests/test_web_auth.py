@@ -1,10 +1,10 @@
 """The console's rules without a server: tokens found by secret, browser logins that expire
-or go with their token, and the per-source limit on wrong guesses (sip_bridge.web_auth)."""
+or go with their token, and the per-source limit on wrong guesses (sip_bridge.web.web_auth)."""
 
 from __future__ import annotations
 
-from sip_bridge.config_types import HttpToken
-from sip_bridge.web_auth import GuessLimit, Logins, find_token
+from sip_bridge.config.config_types import HttpToken
+from sip_bridge.web.web_auth import GuessLimit, Logins, find_token
 
 ANN = HttpToken("ann", "viewer", "a" * 20)
 OPS = HttpToken("desk-1", "operator", "o" * 20)

@@ -30,10 +30,10 @@ from numpy.typing import NDArray
 from agent.base import Agent, AgentOutput, CallInfo, ModelFault
 from agent.echo import EchoAgent
 from agent.fallback_prompt import FAULT_REASON
-from sip_bridge.config import BridgeConfig, HttpConfig
+from sip_bridge.config.loader import BridgeConfig, HttpConfig
 from sip_bridge.server import BridgeServer
-from sip_bridge.web_server import PageTokens
-from sip_bridge.webrtc_leg import BrowserOutput, filter_candidates, gathering_on
+from sip_bridge.web.web_server import PageTokens
+from sip_bridge.web.webrtc_leg import BrowserOutput, filter_candidates, gathering_on
 from testkit.peers.support import bridge_config, dominant_hz
 
 RATE = 48000
@@ -303,7 +303,7 @@ async def _fault() -> None:
 def test_the_level_of_each_sent_frame_is_rfc_6465s_without_a_python_loop() -> None:
     import aiortc.rtp
 
-    from sip_bridge.webrtc_leg import _audio_level_dbov
+    from sip_bridge.web.webrtc_leg import _audio_level_dbov
 
     assert aiortc.rtp.compute_audio_level_dbov is _audio_level_dbov  # the sender calls this
 
