@@ -1,10 +1,13 @@
 """Turn-taking and dialogue agents, behind one small interface (:mod:`agent.base`).
 
-The interface (:class:`Agent`, :class:`AgentOutput`, the call info and event dataclasses);
-the voice agent (:mod:`agent.voice`: VAD, end of turn, ASR, dialogue, TTS, barge-in); the
-line-check agents :class:`EchoAgent`, :class:`ToneAgent` and :class:`PlaybackAgent`; and
-:class:`~agent.speech_to_speech.SpeechToSpeechAgent` for a user's own model. Nothing here
-may import RTP or SIP code.
+Sub-packages by job, each saying what it may import (``tests/test_layout.py`` holds them
+to it): :mod:`agent.voice` (the voice pipeline: VAD, end of turn, ASR, TTS, barge-in and
+the agent that runs them, :mod:`agent.voice.voice_agent`), :mod:`agent.dialogue` (the
+dialogue engine and the agent profiles it runs), :mod:`agent.lines` (the line-check agents
+:class:`EchoAgent`, :class:`ToneAgent`, :class:`PlaybackAgent`, and the fallback prompt).
+At the top: the interface, :class:`~agent.speech_to_speech.SpeechToSpeechAgent` for a
+user's own model, and what several share (the 20 ms tick, word normalising, transcripts,
+voice settings, redaction, the model guard). Nothing here may import RTP or SIP code.
 
 The line-check agents load lazily: reading a config file imports
 :mod:`agent.voice_settings`, and that must not pull in scipy (``sip-bridge status`` would
@@ -27,9 +30,9 @@ from agent.base import (
 )
 
 if TYPE_CHECKING:
-    from agent.echo import EchoAgent
-    from agent.playback import PlaybackAgent
-    from agent.tone import ToneAgent
+    from agent.lines.echo import EchoAgent
+    from agent.lines.playback import PlaybackAgent
+    from agent.lines.tone import ToneAgent
 
 __all__ = [
     "Agent",
@@ -44,7 +47,11 @@ __all__ = [
     "TransferRequest",
 ]
 
-_LAZY = {"EchoAgent": "agent.echo", "PlaybackAgent": "agent.playback", "ToneAgent": "agent.tone"}
+_LAZY = {
+    "EchoAgent": "agent.lines.echo",
+    "PlaybackAgent": "agent.lines.playback",
+    "ToneAgent": "agent.lines.tone",
+}
 
 
 def __getattr__(name: str) -> Any:

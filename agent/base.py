@@ -190,7 +190,7 @@ class TurnCompleted:
 @dataclass(frozen=True, slots=True)
 class DeadAir:
     """From the agent: the caller waited ``gap_ms`` in silence for us (one gap of dead
-    air, as :mod:`agent.dead_air` defines it), for records, metrics and the console."""
+    air, as :mod:`agent.voice.dead_air` defines it), for records, metrics and the console."""
 
     gap_ms: float
 

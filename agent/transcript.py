@@ -5,7 +5,7 @@ certain token it chose (1.0 where no recogniser was involved: keys, typed text).
 Why the least certain token: a slot value hangs on one word ("one" or "on", "fifteenth" or
 "fiftieth"); an average over a sentence hides it. The dialogue asks a caller back ("the
 fifteenth, is that right?") when a slot's value came from words under the slot's
-``confirm_below`` (:mod:`agent.slot_rules`). Pure; imports nothing of the agent.
+``confirm_below`` (:mod:`agent.dialogue.slot_rules`). Pure; imports nothing of the agent.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from agent.asr import MoonshineAsr
+from agent.voice.asr import MoonshineAsr
 from agent.words import normalize
 from resample.resampler import Resampler
 from testkit.line_echo import at_level, espeak_voice, g711

@@ -32,8 +32,8 @@ from typing import Any
 
 import numpy as np
 
-from agent.barge_in import EchoGate
-from agent.voice import VoiceSettings
+from agent.voice.barge_in import EchoGate
+from agent.voice.voice_agent import VoiceSettings
 from testkit.barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
 from testkit.line_echo import at_level, espeak_voice
 

@@ -52,7 +52,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.base import AgentOutput, CallInfo
-from agent.voice import VoiceAgent
+from agent.voice.voice_agent import VoiceAgent
 from resample import Resampler
 from sip_bridge.script.script_file import Script, Speak, load_script
 from sip_bridge.script.script_leg import LineOptions

@@ -7,7 +7,7 @@ through every model twice, natively and under ``qemu-x86_64 -cpu Haswell`` (Debi
 
 - smart-turn: P(turn complete) per window (beckett's sentence ends and mid-word cuts, the
   demo's questions by espeak-ng, human prompts cut at their pauses), for the shipped int8
-  graph run as ONNX Runtime fuses it and as :class:`agent.turn.SmartTurn` runs it; the
+  graph run as ONNX Runtime fuses it and as :class:`agent.voice.turn.SmartTurn` runs it; the
   number of end-of-turn decisions that flip at the shipped threshold.
 - Silero VAD: per-window speech probability; windows whose speech decision flips.
 - Moonshine: tokens and transcripts; clips transcribed differently.
@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.turn import SmartTurn
+from agent.voice.turn import SmartTurn
 from model_runtime.store import default_store
 from resample.resampler import Resampler
 
@@ -140,7 +140,7 @@ def prepare(quick: bool) -> dict[str, Any]:
 
 
 def _vad_probs(vad: Any, x8: NDArray[np.int16]) -> list[float]:
-    from agent.vad import VadStream
+    from agent.voice.vad import VadStream
 
     stream = VadStream(vad)
     out: list[float] = []
@@ -187,12 +187,12 @@ def worker(model: str, inputs: Path, output: Path) -> None:
             ),
         )
     elif model == "silero_vad":
-        from agent.vad import SileroVad
+        from agent.voice.vad import SileroVad
 
         vad = SileroVad(threads=1)
         out["silero_vad"] = each(clips8, lambda x: _vad_probs(vad, x))
     elif model == "moonshine":
-        from agent.asr import MoonshineAsr
+        from agent.voice.asr import MoonshineAsr
 
         asr = MoonshineAsr(threads=1, device="cpu")
         out["moonshine"] = each(clips16, asr.tokens)
@@ -200,7 +200,7 @@ def worker(model: str, inputs: Path, output: Path) -> None:
             k: asr.tokenizer.decode(tok).strip() for k, tok in out["moonshine"].items()
         }
     elif model == "piper":
-        from agent.tts import PiperTts
+        from agent.voice.tts import PiperTts
 
         tts = PiperTts(threads=1, device="cpu")
         out["piper"] = each({s: s for s in SENTENCES}, lambda s: tts.raw(s).tolist())

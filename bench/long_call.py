@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    from agent.voice import VoiceAgent
+    from agent.voice.voice_agent import VoiceAgent
     from sip_bridge.server import BridgeServer
     from testkit.wire_caller import WireCaller
 
@@ -255,7 +255,7 @@ def queue_limits(server: BridgeServer, agent: VoiceAgent) -> dict[str, float | N
         "jitter_buffered_ms": _try(lambda: media.jb.capacity / 8),
         "playout_ms": _try(lambda: media.params.max_queue_ms),
         "agent_audio_pending_ms": None,
-        # the agent's model of that same outbound queue (agent/reply_playout.py): its depth
+        # the agent's model of that same outbound queue (agent/voice/reply_playout.py): its depth
         # is the reply not yet spoken, so it follows reply length, capped with the queue
         "reply_queued_ms": _try(lambda: media.params.max_queue_ms),
         "vad_backlog_windows": _try(lambda: agent._vad._stream.max_backlog + 1),

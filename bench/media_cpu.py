@@ -43,7 +43,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from agent.echo import EchoAgent  # noqa: E402
+from agent.lines.echo import EchoAgent  # noqa: E402
 from resample.g711 import ulaw_encode  # noqa: E402
 from sip_bridge.media.call_media import CallMedia, MediaParams  # noqa: E402
 from sip_bridge.media.media_clock import MediaClock  # noqa: E402

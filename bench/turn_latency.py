@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.voice import TurnTiming, VoiceAgent
+from agent.voice.voice_agent import TurnTiming, VoiceAgent
 from sip_bridge.agents import make_agent
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer

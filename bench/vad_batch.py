@@ -29,7 +29,7 @@ import numpy as np
 import onnxruntime as ort  # type: ignore[import-untyped]
 from numpy.typing import NDArray
 
-from agent.vad import SileroVad, VadStream
+from agent.voice.vad import SileroVad, VadStream
 from resample.resampler import Resampler
 
 OUT = Path(__file__).resolve().parent / "out"

@@ -8,7 +8,7 @@ model's output moves with the CPU (one window of beckett.wav scored 0.53 with AV
 weight and its zero point shifted by 128, which leaves ``(q - zero_point) * scale``, and so
 the model, unchanged), ONNX Runtime runs u8 x u8 kernels that widen to 16 bits before they
 multiply: exact on every path, bit-identical to the VNNI result, at about twice the CPU of
-the s8 kernel on a VNNI CPU. :class:`agent.turn.SmartTurn` keeps both graphs and uses the
+the s8 kernel on a VNNI CPU. :class:`agent.voice.turn.SmartTurn` keeps both graphs and uses the
 shipped one where it is exact.
 """
 

@@ -16,16 +16,16 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.base import Agent, AgentOutput, CallInfo
-from agent.echo import EchoAgent
-from agent.fallback_prompt import FallbackPromptAgent
-from agent.playback import PlaybackAgent, load_wav
-from agent.tone import ToneAgent
+from agent.lines.echo import EchoAgent
+from agent.lines.fallback_prompt import FallbackPromptAgent
+from agent.lines.playback import PlaybackAgent, load_wav
+from agent.lines.tone import ToneAgent
 from sip_bridge.config.loader import BridgeConfig, SpeechModelConfig
 
 if TYPE_CHECKING:
-    from agent.profile import AgentProfile
+    from agent.dialogue.profile import AgentProfile
     from agent.speech_to_speech import FrameBatcher
-    from agent.voice_models import VoiceModels
+    from agent.voice.voice_models import VoiceModels
     from model_runtime.sessions import Device
     from model_runtime.speech_to_speech import SpeechToSpeechModel
     from sip_bridge.config.config_types import AgentConfig
@@ -62,7 +62,7 @@ def make_agent(config: BridgeConfig) -> Agent:
             a.playback_file, loop=a.playback_loop, hangup_at_end=a.playback_hangup_at_end
         )
     if a.name == "voice":
-        from agent.voice import VoiceAgent
+        from agent.voice.voice_agent import VoiceAgent
 
         models, profile = prepare_agents(config)
         hours = profile.hours
@@ -112,7 +112,7 @@ def _speech_model(config: BridgeConfig) -> tuple[SpeechToSpeechModel, FrameBatch
 def profile_name(agent: Agent) -> str:
     """The name of the profile a voice agent answers with (``[agent] name``, else its file's
     stem; the after-hours one out of hours); "" for other agents."""
-    from agent.profile import AgentProfile
+    from agent.dialogue.profile import AgentProfile
 
     profile = getattr(agent, "profile", None)
     return profile.name if isinstance(profile, AgentProfile) else ""
@@ -196,7 +196,7 @@ def load_agent_models(config: BridgeConfig) -> None:
 
 def _profile(path: str) -> AgentProfile:
     """A profile, loaded once per version of its file (an edit loads it anew)."""
-    from agent.profile_loader import load_profile
+    from agent.dialogue.profile_loader import load_profile
 
     try:
         version = (path, Path(path).stat().st_mtime_ns)
@@ -211,7 +211,7 @@ def _profile(path: str) -> AgentProfile:
 def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:
     """Load (once) the voice models and the profile; the first call loads and warms them, so
     `BridgeServer.start()` calls this before it listens. Blocking: seconds on a cold start."""
-    from agent.voice_models import VoiceModels
+    from agent.voice.voice_models import VoiceModels
     from model_runtime.store import default_store
 
     m = config.models

@@ -248,8 +248,8 @@ def show_status(args: argparse.Namespace) -> int:
 def check_config(file: str | None) -> int:
     """``sip-bridge config check``: 0 and a summary line, or 2 and the first mistake (file,
     line, key) in the file or in an agent profile it names."""
-    from agent.profile import ProfileError
-    from agent.profile_loader import load_profile
+    from agent.dialogue.profile import ProfileError
+    from agent.dialogue.profile_loader import load_profile
 
     choice = find_config(file)
     target = file if file is not None else choice.path  # a named file: as it was named
@@ -332,7 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     # wake-ups and spinning. Set before numpy is first imported (the server imports it);
     # an operator's own setting wins.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from agent.profile import ProfileError
+    from agent.dialogue.profile import ProfileError
     from model_runtime.store import ModelError
     from sip_bridge import logs
     from sip_bridge.native import NativeBuildError

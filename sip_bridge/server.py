@@ -30,7 +30,7 @@ from agent.base import (
     TransferResult,
     TurnCompleted,
 )
-from agent.fallback_prompt import FAULT_REASON
+from agent.lines.fallback_prompt import FAULT_REASON
 from sip_bridge.agents import load_agent_models, make_agent, profile_name, take_over
 from sip_bridge.bridge_surface import CallSnapshot
 from sip_bridge.config.loader import BridgeConfig

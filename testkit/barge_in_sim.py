@@ -24,10 +24,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.base import CallInfo, SayText
-from agent.profile import AgentProfile
-from agent.profile_loader import load_profile
-from agent.voice import VoiceAgent, VoiceSettings
-from agent.voice_models import VoiceModels
+from agent.dialogue.profile import AgentProfile
+from agent.dialogue.profile_loader import load_profile
+from agent.voice.voice_agent import VoiceAgent, VoiceSettings
+from agent.voice.voice_models import VoiceModels
 from agent.voice_settings import ModelSettings
 from jitter.playout import PlayoutBuffer
 from resample import Resampler

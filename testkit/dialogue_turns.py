@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agent.dialogue import DialogueEngine, ReplyPart, Say
+from agent.dialogue.engine import DialogueEngine, ReplyPart, Say
 
 
 def said(engine: DialogueEngine, text: str) -> str:

@@ -3,7 +3,7 @@
 ``test_kernel_paths.py`` runs it natively and under ``qemu-x86_64 -cpu Haswell`` (the AVX2
 kernels, whatever the host has) and compares: the toy QDQ matmul of
 ``test_unsigned_weights.py`` with int8 and with uint8 weights against its exact integer
-result, and :class:`agent.turn.SmartTurn` (the graph it chose, and its score on windows of
+result, and :class:`agent.voice.turn.SmartTurn` (the graph it chose, and its score on windows of
 beckett.wav as the agent hands them to it).
 """
 
@@ -16,7 +16,7 @@ import wave
 import numpy as np
 import test_unsigned_weights as toy
 
-from agent.turn import SmartTurn
+from agent.voice.turn import SmartTurn
 from model_runtime.unsigned_weights import unsigned_weights
 from testkit.models import model_file
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from agent.echo import EchoAgent
-from agent.tone import ToneAgent
+from agent.lines.echo import EchoAgent
+from agent.lines.tone import ToneAgent
 from sip_bridge.agents import make_agent
 from sip_bridge.config.loader import BridgeConfig
 

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agent.asr import IncrementalTranscriber, MoonshineAsr, Tokenizer
 from agent.transcript import Transcript
+from agent.voice.asr import IncrementalTranscriber, MoonshineAsr, Tokenizer
 from resample.resampler import Resampler
 from testkit.models import model_file as _model_file
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.backchannel import DEFAULT_BACKCHANNELS, is_backchannel, phrases
+from agent.dialogue.backchannel import DEFAULT_BACKCHANNELS, is_backchannel, phrases
 
 KNOWN = phrases(DEFAULT_BACKCHANNELS)
 

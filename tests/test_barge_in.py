@@ -23,7 +23,7 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import HangupEvent
-from agent.voice import VoiceSettings
+from agent.voice.voice_agent import VoiceSettings
 from testkit.barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
 from testkit.line_echo import at_level, espeak_voice
 

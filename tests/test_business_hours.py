@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.business_hours import parse_hours
-from agent.profile import ProfileError
-from agent.profile_loader import load_profile
-from agent.voice import VoiceAgent
+from agent.dialogue.business_hours import parse_hours
+from agent.dialogue.profile import ProfileError
+from agent.dialogue.profile_loader import load_profile
+from agent.voice.voice_agent import VoiceAgent
 from sip_bridge import agents
 from sip_bridge.config.loader import DEMO_PROFILE, BridgeConfig
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from agent.base import Agent, DtmfEvent
-from agent.echo import EchoAgent
+from agent.lines.echo import EchoAgent
 from sip_bridge import cli
 from sip_bridge.config.loader import BridgeConfig
 from sip_bridge.script.caller import CallOptions, CallResult, place_call

@@ -12,7 +12,7 @@ import pytest
 from test_call_command import ECHO_DELAY_S, _config, _tone_wav
 
 from agent.base import Agent, AgentEvent, CallInfo, DtmfEvent
-from agent.echo import EchoAgent
+from agent.lines.echo import EchoAgent
 from sip_bridge import cli
 from sip_bridge.config.loader import BridgeConfig
 from sip_bridge.script.caller import CallOptions, place_call, prompt_ended

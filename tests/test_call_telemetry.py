@@ -54,7 +54,7 @@ def test_keypad_turns_and_dead_air_reach_records_events_and_metrics(tmp_path: Pa
 
 def test_the_profile_that_answered_reaches_the_record_and_the_events(tmp_path: Path) -> None:
     """History, /api/history and MQTT name the voice agent's profile, not only "voice"."""
-    from agent.profile_loader import load_profile
+    from agent.dialogue.profile_loader import load_profile
     from sip_bridge.agents import profile_name
 
     class Voice:  # what the bridge reads of a voice agent: the profile it answers with

@@ -31,8 +31,8 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agent.dialogue import digit_runs
-from agent.voice import VoiceAgent
+from agent.dialogue.engine import digit_runs
+from agent.voice.voice_agent import VoiceAgent
 from agent.words import normalize
 from resample import Resampler
 from sip_bridge import logs

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.profile_loader import load_profile
+from agent.dialogue.profile_loader import load_profile
 from sip_bridge.cli import main as cli_main
 from sip_bridge.config import loader as c
 from sip_bridge.config.config_files import LOOKUP, find_config, packaged_config, packaged_dir

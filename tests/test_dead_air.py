@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agent.call_flow import CallFlow, phrase_for
-from agent.dead_air import DeadAirMeter
-from agent.hold_audio import LoopedAudio, Ringback, tone_pip
-from agent.profile import Filler
+from agent.dialogue.profile import Filler
+from agent.voice.call_flow import CallFlow, phrase_for
+from agent.voice.dead_air import DeadAirMeter
+from agent.voice.hold_audio import LoopedAudio, Ringback, tone_pip
 
 TICK = 0.02
 

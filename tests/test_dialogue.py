@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.dialogue import (
+from agent.dialogue.engine import (
     DialogueEngine,
     Hangup,
     ReplyPart,
@@ -19,7 +19,7 @@ from agent.dialogue import (
     digit_runs,
     yes_no,
 )
-from agent.profile_loader import load_profile
+from agent.dialogue.profile_loader import load_profile
 from agent.words import normalize
 
 ROOT = Path(__file__).resolve().parents[1]

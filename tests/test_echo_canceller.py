@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agent.echo_canceller import EchoCanceller
+from agent.voice.echo_canceller import EchoCanceller
 from testkit.barge_in_sim import models
 from testkit.line_echo import LineEcho, at_level, espeak_voice, g711, line_noise
 
@@ -119,7 +119,7 @@ def _jumping_line(
 ) -> NDArray[np.float64]:
     """The echo at ``delays_ms[i]`` from sample ``at[i]`` on (``at[0]`` = 0): a path whose
     delay jumps by whole frames, as a call's does when a jitter buffer or our send grid
-    moves (see agent/echo_canceller.py)."""
+    moves (see agent/voice/echo_canceller.py)."""
     echo = np.zeros(ours.size)
     for i, delay in enumerate(delays_ms):
         end = at[i + 1] if i + 1 < len(at) else ours.size

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agent.hold_audio import Ringback
+from agent.voice.hold_audio import Ringback
 from resample.g711 import ulaw_decode, ulaw_encode
 from sip_bridge.script.heard_audio import (
     FRAME_S,
@@ -121,7 +121,7 @@ def test_a_stop_before_the_caller_began_is_no_reaction() -> None:
 
 
 def _ringback(seconds: float, off_s: float = 4.0) -> list[NDArray[np.int16]]:
-    """What the bridge plays while a transfer rings (agent.hold_audio), through G.711."""
+    """What the bridge plays while a transfer rings (agent.voice.hold_audio), through G.711."""
     ring = Ringback(off_s=off_s)
     return [ulaw_decode(ulaw_encode(ring.next_frame(160))) for _ in range(round(seconds / 0.02))]
 

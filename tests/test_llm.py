@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from agent.dialogue import DialogueEngine, Hangup, ReplyPart, Say, Transfer
-from agent.llm import LlmClient, LlmError
-from agent.profile import AgentProfile
-from agent.profile_loader import load_profile
+from agent.dialogue.engine import DialogueEngine, Hangup, ReplyPart, Say, Transfer
+from agent.dialogue.llm import LlmClient, LlmError
+from agent.dialogue.profile import AgentProfile
+from agent.dialogue.profile_loader import load_profile
 
 FALLBACK = "Sorry, I didn't catch that."
 PROFILE = """\
@@ -244,7 +244,7 @@ def test_failures_give_the_fallback_logged_once(
         server.close()
         return out
 
-    with caplog.at_level(logging.DEBUG, logger="agent.dialogue"):
+    with caplog.at_level(logging.DEBUG, logger="agent.dialogue.engine"):
         first, second = asyncio.run(go())
     assert first == [Say(FALLBACK)] and second == [Say(FALLBACK)]
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]

@@ -19,7 +19,7 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import Agent
-from agent.echo import EchoAgent
+from agent.lines.echo import EchoAgent
 from sip_bridge import logs
 from sip_bridge.config.loader import BridgeConfig, ConfigError, parse_config_text
 from sip_bridge.script.caller import CallOptions, place_call

@@ -23,9 +23,9 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import Agent, AgentOutput, CallInfo
+from agent.lines.playback import load_wav
 from agent.model_guard import ModelGuard
-from agent.playback import load_wav
-from agent.voice import VoiceAgent
+from agent.voice.voice_agent import VoiceAgent
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.metrics import BridgeMetrics
@@ -441,7 +441,7 @@ def test_a_speech_model_that_raises_reports_one_fault() -> None:
 
 def test_a_transfer_that_fails_after_the_prompt_hangs_up() -> None:
     from agent.base import TransferRequest, TransferResult
-    from agent.fallback_prompt import FAULT_REASON, FallbackPromptAgent
+    from agent.lines.fallback_prompt import FAULT_REASON, FallbackPromptAgent
 
     class Out(AgentOutput):
         def __init__(self) -> None:
@@ -505,7 +505,7 @@ class QueueOut(AgentOutput):
 
 def test_the_prompt_hangs_up_only_once_all_of_it_was_sent() -> None:
     """Audio queued ahead of the prompt delays it; the hang-up waits for the last of it."""
-    from agent.fallback_prompt import FAULT_REASON, FallbackPromptAgent
+    from agent.lines.fallback_prompt import FAULT_REASON, FallbackPromptAgent
 
     prompt = np.arange(1, 801, dtype=np.int16)  # 100 ms
     agent = FallbackPromptAgent(prompt, RATE, tail_s=0.04)
@@ -524,7 +524,7 @@ def test_the_prompt_hangs_up_only_once_all_of_it_was_sent() -> None:
 
 
 def test_the_take_over_drops_what_the_failed_agent_writes_while_it_stops() -> None:
-    from agent.fallback_prompt import FallbackPromptAgent
+    from agent.lines.fallback_prompt import FallbackPromptAgent
     from sip_bridge.agents import take_over
 
     class Failed(Agent):

@@ -24,7 +24,7 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import Agent, AgentEvent, AgentOutput, CallInfo, TransferRequest, TransferResult
-from agent.echo import EchoAgent
+from agent.lines.echo import EchoAgent
 from sip_bridge.config.loader import BridgeConfig
 from testkit.peers.support import (
     LineReader,

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from agent.base import CallInfo, DtmfEvent
-from agent.play_record import PlayRecordAgent
+from agent.lines.play_record import PlayRecordAgent
 from testkit.agent_capture import Capture
 
 

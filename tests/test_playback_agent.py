@@ -12,7 +12,7 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import CallInfo, HangupEvent
-from agent.playback import PlaybackAgent, WavFormatError, load_wav
+from agent.lines.playback import PlaybackAgent, WavFormatError, load_wav
 from resample import SUPPORTED_RATES, Resampler
 from testkit.agent_capture import Capture
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from agent.profile import ProfileError, parse_template
-from agent.profile_loader import load_profile
+from agent.dialogue.profile import ProfileError, parse_template
+from agent.dialogue.profile_loader import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "agents" / "demo.toml"

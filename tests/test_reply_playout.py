@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
 
-from agent.reply_playout import ReplyPlayout
+from agent.voice.reply_playout import ReplyPlayout
 
 TICK = 160
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.sentences import SentenceBuffer, split_sentences
+from agent.dialogue.sentences import SentenceBuffer, split_sentences
 
 
 @pytest.mark.parametrize(

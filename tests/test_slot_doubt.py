@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.dialogue import DialogueEngine
-from agent.profile import ProfileError
-from agent.profile_loader import load_profile
+from agent.dialogue.engine import DialogueEngine
+from agent.dialogue.profile import ProfileError
+from agent.dialogue.profile_loader import load_profile
 from agent.transcript import Transcript, confidence_of, joined
 from testkit.dialogue_turns import said
 

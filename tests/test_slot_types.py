@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from agent.dialogue import DialogueEngine, ReplyPart, Say
-from agent.formatters import apply, date_spoken, ordinal, time_spoken
-from agent.profile import parse_template
-from agent.profile_loader import load_profile
-from agent.slot_values import (
+from agent.dialogue.engine import DialogueEngine, ReplyPart, Say
+from agent.dialogue.formatters import apply, date_spoken, ordinal, time_spoken
+from agent.dialogue.profile import parse_template
+from agent.dialogue.profile_loader import load_profile
+from agent.dialogue.slot_values import (
     Heard,
     date_from_keys,
     read_choice,

@@ -9,7 +9,7 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import CallInfo
-from agent.tone import ToneAgent
+from agent.lines.tone import ToneAgent
 from testkit.agent_capture import Capture
 
 FRAME = 480  # 20 ms at 24 kHz

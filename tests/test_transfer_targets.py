@@ -16,10 +16,10 @@ import pytest
 from test_sipp_refer import TransferringAgent
 
 from agent.base import Agent, TransferResult
-from agent.dialogue import DialogueEngine, Transfer
-from agent.profile import ProfileError
-from agent.profile_loader import load_profile
-from agent.transfer_target import target_problem
+from agent.dialogue.engine import DialogueEngine, Transfer
+from agent.dialogue.profile import ProfileError
+from agent.dialogue.profile_loader import load_profile
+from agent.dialogue.transfer_target import target_problem
 from sip_bridge.cli import main as cli_main
 from sip_bridge.config.loader import BridgeConfig
 from sip_bridge.ops.call_telemetry import CallTelemetry

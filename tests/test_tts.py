@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agent.asr import MoonshineAsr
-from agent.tts import PiperTts, normalize_for_speech
+from agent.voice.asr import MoonshineAsr
+from agent.voice.tts import PiperTts, normalize_for_speech
 from resample.g711 import ulaw_decode, ulaw_encode
 from resample.resampler import Resampler
 from testkit.models import model_file as _model_file
@@ -193,7 +193,7 @@ def test_fixed_noise_is_normal_repeatable_and_respects_mean_and_scale() -> None:
     import onnxruntime as ort  # type: ignore[import-untyped]
     from onnx import TensorProto, helper
 
-    from agent.tts import fix_noise
+    from agent.voice.tts import fix_noise
 
     node = helper.make_node("RandomNormalLike", ["x"], ["y"], mean=5.0, scale=2.0)
     graph = helper.make_graph(

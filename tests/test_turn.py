@@ -19,8 +19,8 @@ import pytest
 import scipy.signal
 from numpy.typing import NDArray
 
-from agent.melspec import HOP, N_FFT, hann_periodic, log_mel, mel_filters, power_spectrogram
-from agent.turn import EndOfTurn, SmartTurn, TurnDecision
+from agent.voice.melspec import HOP, N_FFT, hann_periodic, log_mel, mel_filters, power_spectrogram
+from agent.voice.turn import EndOfTurn, SmartTurn, TurnDecision
 from agent.voice_settings import VoiceSettings
 from testkit.models import model_file as _model_file
 

@@ -1,7 +1,7 @@
 """smart-turn's end-of-turn decisions, pinned: what fails when a model or ONNX Runtime
 upgrade changes when the agent thinks a caller has finished.
 
-Each window is what :class:`agent.turn.EndOfTurn` hands the model at a pause: a turn's
+Each window is what :class:`agent.voice.turn.EndOfTurn` hands the model at a pause: a turn's
 audio from 0.5 s before its first speech to 200 ms into the pause, after the phone line
 (8 kHz, G.711 mu-law, back up to 16 kHz as the voice agent does). Three voices: a man
 reading Beckett (human), a woman's telephone prompts (Debian's asterisk-core-sounds-en-wav,
@@ -9,7 +9,7 @@ human, cut at every pause), and the demo's questions by espeak-ng. Beckett's sen
 are also cut mid-word, and scored with the whole recording in the window.
 
 The decisions (probability >= the shipped threshold) must be the ones pinned in
-``data/smart_turn_decisions.json`` on every CPU: :class:`agent.turn.SmartTurn` computes the
+``data/smart_turn_decisions.json`` on every CPU: :class:`agent.voice.turn.SmartTurn` computes the
 int8 model exactly wherever it runs (see ``model_runtime/unsigned_weights.py``), and
 ``test_kernel_paths.py`` checks it on the AVX2 path under qemu. Windows within 0.01 of the
 threshold are pinned but not compared (a rounding change may move them either way).
@@ -30,7 +30,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agent.turn import EndOfTurn, SmartTurn
+from agent.voice.turn import EndOfTurn, SmartTurn
 from agent.voice_settings import VoiceSettings
 from resample import g711
 from resample.resampler import Resampler

@@ -1,4 +1,4 @@
-"""agent.vad on real audio: Silero VAD at 8 kHz, streams, batching, the segmenter."""
+"""agent.voice.vad on real audio: Silero VAD at 8 kHz, streams, batching, the segmenter."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agent.vad import (
+from agent.voice.vad import (
     SileroVad,
     SpeechSegmenter,
     SpeechStarted,

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-import agent.voice as voice_module
+import agent.voice.voice_agent as voice_module
 from agent.base import (
     AgentEvent,
     AgentOutput,
@@ -36,11 +36,11 @@ from agent.base import (
     TransferResult,
     TurnCompleted,
 )
-from agent.profile import Filler
-from agent.profile_loader import load_profile
-from agent.sentences import split_sentences
-from agent.voice import VoiceAgent, VoiceSettings
-from agent.voice_models import FIRST_WORDS
+from agent.dialogue.profile import Filler
+from agent.dialogue.profile_loader import load_profile
+from agent.dialogue.sentences import split_sentences
+from agent.voice.voice_agent import VoiceAgent, VoiceSettings
+from agent.voice.voice_models import FIRST_WORDS
 from sip_bridge.media.call_media import CallMedia, MediaParams
 from sip_bridge.media.rtp_ports import RtpPortPool
 

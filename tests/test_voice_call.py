@@ -17,7 +17,7 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import FADE_MS
-from agent.voice import VoiceAgent
+from agent.voice.voice_agent import VoiceAgent
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config

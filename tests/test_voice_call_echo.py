@@ -6,7 +6,7 @@ down by the echo return loss, late, through a hybrid's band-pass (testkit/line_e
 a 2-wire line does. It plays our packets by RTP timestamp on its own clock, so the echo's
 delay as the agent counts it moves by whole frames from one reply to the next (our send
 grid restarts at each talkspurt, the jitter buffers on both ends adapt): the canceller
-must follow it (agent/echo_canceller.py), and its echo must never stop the agent.
+must follow it (agent/voice/echo_canceller.py), and its echo must never stop the agent.
 
 Checked on the wire and by ear: the caller's packets and what it heard, transcribed back
 (after the call: a transcription during it would take CPU from the bridge). A call of
@@ -26,7 +26,7 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import FADE_MS
-from agent.voice import VoiceAgent
+from agent.voice.voice_agent import VoiceAgent
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config

@@ -34,8 +34,8 @@ from agent.base import (
     TransferResult,
     TurnCompleted,
 )
-from agent.profile import Filler
-from agent.sentences import split_sentences
+from agent.dialogue.profile import Filler
+from agent.dialogue.sentences import split_sentences
 
 PROMPT = "What is your order number? You can say it or type it, then press hash."
 PACKED = "Order 5 4 3 2 1 is being packed and ships tomorrow."

@@ -9,7 +9,7 @@ from typing import Any, cast
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.voice_models import FIRST_WORDS, VoiceModels
+from agent.voice.voice_models import FIRST_WORDS, VoiceModels
 from agent.voice_settings import ModelSettings
 from testkit.peers.support import dominant_hz
 

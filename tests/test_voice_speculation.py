@@ -7,8 +7,8 @@ from concurrent.futures import Future
 
 from test_voice_agent import HOURS, Call, aio
 
-from agent.sentences import split_sentences
-from agent.voice_models import FIRST_WORDS
+from agent.dialogue.sentences import split_sentences
+from agent.voice.voice_models import FIRST_WORDS
 
 
 @aio

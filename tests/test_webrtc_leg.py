@@ -28,8 +28,8 @@ from aiortc import (
 from numpy.typing import NDArray
 
 from agent.base import Agent, AgentOutput, CallInfo, ModelFault
-from agent.echo import EchoAgent
-from agent.fallback_prompt import FAULT_REASON
+from agent.lines.echo import EchoAgent
+from agent.lines.fallback_prompt import FAULT_REASON
 from sip_bridge.config.loader import BridgeConfig, HttpConfig
 from sip_bridge.server import BridgeServer
 from sip_bridge.web.web_server import PageTokens

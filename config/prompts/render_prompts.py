@@ -26,7 +26,7 @@ _CHECKOUT = Path(__file__).resolve().parents[2]
 if (_CHECKOUT / "agent" / "tts.py").is_file():  # a checkout; an installed bridge imports as is
     sys.path.insert(0, str(_CHECKOUT))
 
-from agent.tts import PiperTts  # noqa: E402 (after the checkout joins sys.path)
+from agent.voice.tts import PiperTts  # noqa: E402 (after the checkout joins sys.path)
 from resample import Resampler  # noqa: E402
 
 RATE = 16000

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agent.transfer_target import target_problem
+from agent.dialogue.transfer_target import target_problem
 from agent.voice_settings import VoiceSettings
 from agent.wav_format import describe_wav, unsupported_wav
 from sip_bridge.config.config_types import (

@@ -112,7 +112,7 @@ class ConfigWatcher:
 async def reload_bridge(server: Bridge, load: Callable[[], BridgeConfig]) -> bool:
     """Load the config again and hand it to the running bridge; False (and one logged
     line) when the edit is refused, the running config unchanged."""
-    from agent.profile import ProfileError
+    from agent.dialogue.profile import ProfileError
     from model_runtime.store import ModelError
 
     try:

@@ -3,7 +3,7 @@
 It owns the I/O around the sans-I/O :class:`~sip_bridge.sip.uac.OutboundCall`: a UDP
 :class:`~sip_bridge.sip.transport.SipTransport` on an ephemeral port, an RTP port, and the
 :class:`~sip_bridge.media.call_media.CallMedia` chain with a
-:class:`~agent.play_record.PlayRecordAgent`.
+:class:`~agent.lines.play_record.PlayRecordAgent`.
 
 ``--dtmf`` digits go out (``--dtmf-at``: that many seconds after the answer, or once the far
 end's first prompt ended) as RFC 4733 telephone-events on the call's RTP stream when the
@@ -25,8 +25,8 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.base import AgentEvent, CallInfo, DtmfEvent, HangupEvent
-from agent.play_record import PlayRecordAgent
-from agent.playback import load_wav
+from agent.lines.play_record import PlayRecordAgent
+from agent.lines.playback import load_wav
 from sip_bridge.media.call_media import CallMedia, MediaParams, reserve_rtp_port
 from sip_bridge.media.rtp_ports import RtpPortPool
 from sip_bridge.sip.message import SipUri

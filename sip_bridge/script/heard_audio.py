@@ -15,7 +15,7 @@ socket, so it is what a person on the line would perceive:
 Ringback (the 440 + 480 Hz pair a transfer plays while the target rings) is told apart
 from speech, frame by frame as it arrives: it is sound, and its cadence's off time after
 a burst (4 s) is part of it, not dead air (a caller hears it as progress: the agent's own
-meter counts it the same way, :mod:`agent.dead_air`); but it has no words, so what is
+meter counts it the same way, :mod:`agent.voice.dead_air`); but it has no words, so what is
 transcribed (:meth:`HeardAudio.segments` and :meth:`HeardAudio.audio` with
 ``speech_only``) leaves it out.
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.hold_audio import RINGBACK
+from agent.voice.hold_audio import RINGBACK
 
 __all__ = [
     "FRAME_S",

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from agent.toml_source import as_written
+from agent.dialogue.toml_source import as_written
 from sip_bridge.config.config_types import ConfigError, _line_of, is_file
 from sip_bridge.config.trunks import entry_key_line
 from sip_bridge.media.dtmf import DtmfOutbox

@@ -89,7 +89,7 @@ class Transcriber:
     def load(self) -> None:
         with self._lock:
             if self._asr is None:
-                from agent.asr import MoonshineAsr
+                from agent.voice.asr import MoonshineAsr
 
                 self._asr = MoonshineAsr(threads=self.threads, device=self.device)
 

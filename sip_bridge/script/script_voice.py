@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.playback import load_wav
+from agent.lines.playback import load_wav
 from resample import Resampler
 from sip_bridge.script.line_sim import scale_to_level
 from sip_bridge.script.script_file import Script, Speak

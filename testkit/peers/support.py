@@ -26,7 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.base import Agent, DtmfEvent
-from agent.echo import EchoAgent
+from agent.lines.echo import EchoAgent
 from sip_bridge.config.loader import BridgeConfig
 from sip_bridge.media.call_media import MediaStats
 from sip_bridge.server import BridgeServer

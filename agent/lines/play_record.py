@@ -19,7 +19,7 @@ RECORD_RATE = 8000  # the call is G.711: more would only store resampling artefa
 class PlayRecordAgent(Agent):
     """Plays ``audio`` (int16 at ``sample_rate``), one frame per frame heard, and records.
 
-    Pacing by input (as :class:`~agent.playback.PlaybackAgent` does) keeps the send queue
+    Pacing by input (as :class:`~agent.lines.playback.PlaybackAgent` does) keeps the send queue
     at one frame, and makes the recording and the playback share one timeline: sample
     ``n`` of the recording was heard while sample ``n`` of the file was being said.
     The recording is downsampled to 8 kHz as it comes in (bounded work per tick).

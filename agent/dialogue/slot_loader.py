@@ -1,5 +1,5 @@
 """A profile's ``[slots.NAME]`` rules per slot type, checked when the profile loads (the rest
-of the profile: :mod:`agent.profile_loader`). Each type takes only its own keys, so a
+of the profile: :mod:`agent.dialogue.profile_loader`). Each type takes only its own keys, so a
 ``min`` on a date slot is a mistake with its line, not a rule silently ignored."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import re
 from dataclasses import replace
 from typing import Any, NoReturn, Protocol
 
-from agent.business_hours import DAYS
-from agent.profile import SlotSpec, Template, parse_template
-from agent.slot_rules import KEYED, confirm_format
+from agent.dialogue.business_hours import DAYS
+from agent.dialogue.profile import SlotSpec, Template, parse_template
+from agent.dialogue.slot_rules import KEYED, confirm_format
 from agent.words import normalize
 
 __all__ = ["SLOT_TYPES", "build_slot_rules"]

@@ -18,11 +18,11 @@ from typing import cast
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.asr import IncrementalTranscriber, MoonshineAsr
-from agent.sentences import split_sentences
-from agent.tts import PiperTts
-from agent.turn import EndOfTurn, SmartTurn
-from agent.vad import (
+from agent.dialogue.sentences import split_sentences
+from agent.voice.asr import IncrementalTranscriber, MoonshineAsr
+from agent.voice.tts import PiperTts
+from agent.voice.turn import EndOfTurn, SmartTurn
+from agent.voice.vad import (
     SileroVad,
     SpeechSegmenter,
     SpeechStarted,

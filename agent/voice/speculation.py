@@ -20,8 +20,8 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.dialogue import DialogueEngine, ReplyPart, Say
-from agent.sentences import split_sentences
+from agent.dialogue.engine import DialogueEngine, ReplyPart, Say
+from agent.dialogue.sentences import split_sentences
 from agent.transcript import joined
 
 __all__ = ["Speculation", "join_texts"]

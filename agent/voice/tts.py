@@ -30,7 +30,7 @@ from piper.config import PiperConfig
 from piper.phoneme_ids import phonemes_to_ids
 from piper.phonemize_espeak import EspeakPhonemizer
 
-from agent.sentences import split_sentences
+from agent.dialogue.sentences import split_sentences
 from model_runtime.sessions import Device, create_session
 
 __all__ = ["MODEL", "MODEL_CONFIG_FILE", "MODEL_FILE", "PiperTts", "normalize_for_speech"]
@@ -278,7 +278,7 @@ class PiperTts:
     def stream(
         self, text: str, cancel: threading.Event | None = None
     ) -> Iterator[NDArray[np.int16]]:
-        """``text`` piece by piece (see :func:`agent.sentences.split_sentences`): each
+        """``text`` piece by piece (see :func:`agent.dialogue.sentences.split_sentences`): each
         piece's audio is yielded as soon as it exists. ``cancel`` (barge-in) is checked
         before each piece and again before yielding it, so no stale audio comes out."""
         for piece in split_sentences(text):

@@ -5,7 +5,7 @@ the tick of our reply that went out at the same time, returns what the rest of t
 should hear (VAD, ASR, end of turn), and says whether the last ``window`` ticks hold more
 than our echo could explain.
 
-- :class:`EchoGate` (the default): a line echo canceller (:mod:`agent.echo_canceller`)
+- :class:`EchoGate` (the default): a line echo canceller (:mod:`agent.voice.echo_canceller`)
   takes our echo out, and the decision is on the residual. How much of our voice can be
   left in the residual is learnt, not assumed: while we talk, each window's residual
   energy relative to our recent voice's joins a history (``history_s``, windows decided as
@@ -32,8 +32,8 @@ from typing import Protocol
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.echo_canceller import EchoCanceller
 from agent.ticks import ECHO_S, TICK_S
+from agent.voice.echo_canceller import EchoCanceller
 
 __all__ = ["BargeInGate", "EchoGate", "LoudnessGate"]
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
-from agent.profile import LlmSettings
+from agent.dialogue.profile import LlmSettings
 
 __all__ = ["LlmClient", "LlmError"]
 

@@ -5,7 +5,7 @@ keys, wrong types, bad regular expressions, and template placeholders that name 
 variable), so a typo never turns into a broken sentence in the middle of a call. The schema
 is documented in ``config/agents/README.md``. The error style is that of
 ``sip_bridge.config.loader.ConfigError``; ``agent/`` must not import the SIP package, so the small
-line finder is written again in :mod:`agent.profile_loader`, with the schema and builders.
+line finder is written again in :mod:`agent.dialogue.profile_loader`, with the schema and builders.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from agent.backchannel import DEFAULT_BACKCHANNELS, phrases
-from agent.business_hours import BusinessHours
-from agent.formatters import apply as apply_format
+from agent.dialogue.backchannel import DEFAULT_BACKCHANNELS, phrases
+from agent.dialogue.business_hours import BusinessHours
+from agent.dialogue.formatters import apply as apply_format
 
 __all__ = [
     "Actions",
@@ -105,7 +105,7 @@ def parse_template(source: str) -> Template:
 @dataclass(frozen=True)
 class SlotSpec:
     """A value the dialogue collects: ``digits`` (spoken or keyed), ``yes_no``, ``date``,
-    ``time``, ``number``, ``choice`` or ``text`` (rules: :mod:`agent.slot_rules`).
+    ``time``, ``number``, ``choice`` or ``text`` (rules: :mod:`agent.dialogue.slot_rules`).
     While a ``sensitive`` slot is asked for, the bridge keeps no trace of the caller's
     input (records, events, logs, recording); the engine still gets the value."""
 

@@ -1,8 +1,8 @@
 # size: the whole agent-profile schema, one builder per table, so every key's check (file:line: key)
 #       is in one file
 """Reading an agent profile: the schema, the line finder for messages, and the builders
-that turn TOML tables into :mod:`agent.profile`'s frozen dataclasses (kept apart from them
-so each file stays readable). Entry point: :func:`agent.profile.load_profile`."""
+that turn TOML tables into :mod:`agent.dialogue.profile`'s frozen dataclasses (kept apart from them
+so each file stays readable). Entry point: :func:`agent.dialogue.profile.load_profile`."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
-from agent.business_hours import BusinessHours, parse_hours
-from agent.profile import (
+from agent.dialogue.business_hours import BusinessHours, parse_hours
+from agent.dialogue.profile import (
     BUILTINS,
     DTMF_KEYS,
     Actions,
@@ -36,10 +36,10 @@ from agent.profile import (
     Voice,
     parse_template,
 )
-from agent.slot_loader import SLOT_TYPES, build_slot_rules
-from agent.slot_rules import KEYED
-from agent.toml_source import as_written
-from agent.transfer_target import target_problem
+from agent.dialogue.slot_loader import SLOT_TYPES, build_slot_rules
+from agent.dialogue.slot_rules import KEYED
+from agent.dialogue.toml_source import as_written
+from agent.dialogue.transfer_target import target_problem
 from agent.voice_settings import SPEECH_LANGUAGES
 from agent.words import normalize
 
@@ -313,7 +313,7 @@ def _build_transfer(ld: _Loader, raw: Any) -> TransferSettings:
         found = False
     if not found:
         ld.fail("transfer", "hold_audio", f"no such file: {f}")
-    from agent.playback import load_wav  # scipy: only for profiles that have hold audio
+    from agent.lines.playback import load_wav  # scipy: only for profiles that have hold audio
 
     try:
         load_wav(f, 8000)

@@ -28,8 +28,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.backchannel import is_backchannel
-from agent.barge_in import BargeInGate, EchoGate, LoudnessGate
 from agent.base import (
     FADE_MS,
     Agent,
@@ -48,15 +46,25 @@ from agent.base import (
     TurnCompleted,
     fade_out_gain,
 )
-from agent.call_flow import CallFlow
-from agent.dialogue import DialogueEngine, Hangup, KeyTurn, ReplyPart, Say, SendDtmf, Transfer
+from agent.dialogue.backchannel import is_backchannel
+from agent.dialogue.engine import (
+    DialogueEngine,
+    Hangup,
+    KeyTurn,
+    ReplyPart,
+    Say,
+    SendDtmf,
+    Transfer,
+)
+from agent.dialogue.profile import AgentProfile
 from agent.model_guard import ModelGuard
-from agent.profile import AgentProfile
 from agent.redaction import sensitive_text
-from agent.reply_playout import ReplyPlayout
-from agent.speculation import Speculation
 from agent.ticks import FRAME, FRAME_MS, RATE, TICK_S
-from agent.voice_models import FIRST_WORDS, VoiceModels
+from agent.voice.barge_in import BargeInGate, EchoGate, LoudnessGate
+from agent.voice.call_flow import CallFlow
+from agent.voice.reply_playout import ReplyPlayout
+from agent.voice.speculation import Speculation
+from agent.voice.voice_models import FIRST_WORDS, VoiceModels
 from agent.voice_settings import VoiceSettings
 from agent.words import normalize
 from resample import Resampler
@@ -401,7 +409,7 @@ class VoiceAgent(Agent):
 
     def _should_barge_in(self) -> bool:
         """Speech (the VAD, on what is left once our echo is taken out) for barge_in_ms,
-        and more of it than our echo can explain (:mod:`agent.barge_in`)."""
+        and more of it than our echo can explain (:mod:`agent.voice.barge_in`)."""
         s = self.settings
         run = max(1, -(-s.barge_in_ms // FRAME_MS))  # whole ticks, rounded up
         return s.barge_in and self._run >= run and self.gate.caller_louder()

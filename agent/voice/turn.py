@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.melspec import HOP, log_mel
+from agent.voice.melspec import HOP, log_mel
 from model_runtime.sessions import create_session
 
 __all__ = ["EndOfTurn", "SmartTurn", "TurnDecision"]

@@ -20,7 +20,7 @@ FULL_SCALE = 32768.0
 class ToneAgent(Agent):
     """Writes a continuous sine, one frame of tone per frame heard; the input is ignored.
 
-    Pacing by the caller's frames (as :class:`~agent.echo.EchoAgent` does) means the output
+    Pacing by the caller's frames (as :class:`~agent.lines.echo.EchoAgent` does) means the output
     queue never grows and the tone's length equals the call's length to the sample. The phase
     is carried between frames as a fraction of a cycle, so frame joins are seamless and it
     does not drift however long the call lasts. ``level_dbfs`` is the sine's peak relative to

@@ -2,7 +2,7 @@
 
 The voice agent tells :class:`CallFlow` each 20 ms tick whether its frame carried our
 audio, whether a reply is in the works and whether the caller is speaking; the flow
-measures dead air (:mod:`agent.dead_air`), and answers with audio to play now, if any:
+measures dead air (:mod:`agent.voice.dead_air`), and answers with audio to play now, if any:
 
 - while a transfer is pending and no reply audio is queued: a frame of ringback (or the
   configured hold audio), every tick, until the transfer's outcome is known;
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.dead_air import DeadAirMeter
-from agent.hold_audio import LoopedAudio, Ringback, tone_pip
-from agent.profile import Filler
+from agent.dialogue.profile import Filler
+from agent.voice.dead_air import DeadAirMeter
+from agent.voice.hold_audio import LoopedAudio, Ringback, tone_pip
 
 __all__ = ["CallFlow", "Play", "phrase_for"]
 

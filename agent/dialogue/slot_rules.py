@@ -1,16 +1,17 @@
 """What a slot of each type accepts: reading it from words or keys, checking it against the
 slot's rules, and whether to ask the caller to confirm it. Pure; the dialogue engine
-(:mod:`agent.dialogue`) asks, the profile (:class:`agent.profile.SlotSpec`) decides."""
+(:mod:`agent.dialogue.engine`) asks, the profile (:class:`agent.dialogue.profile.SlotSpec`)
+decides."""
 
 from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
 
-from agent.business_hours import BusinessHours
-from agent.formatters import time_spoken
-from agent.profile import SlotSpec
-from agent.slot_values import (
+from agent.dialogue.business_hours import BusinessHours
+from agent.dialogue.formatters import time_spoken
+from agent.dialogue.profile import SlotSpec
+from agent.dialogue.slot_values import (
     WEEKDAYS,
     Heard,
     date_from_keys,
@@ -20,7 +21,7 @@ from agent.slot_values import (
     read_time,
     time_from_keys,
 )
-from agent.spoken_numbers import digit_runs, yes_no
+from agent.dialogue.spoken_numbers import digit_runs, yes_no
 
 __all__ = [
     "KEYED",

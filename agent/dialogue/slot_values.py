@@ -14,7 +14,7 @@ import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from agent.spoken_numbers import digit_runs
+from agent.dialogue.spoken_numbers import digit_runs
 
 __all__ = [
     "MONTHS",

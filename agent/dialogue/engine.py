@@ -2,7 +2,7 @@
 #       fallbacks answer each other
 """The dialogue engine: caller text or keys in, what to say and do out.
 
-Rules first, from the operator's profile (:mod:`agent.profile`): intents matched by regular
+Rules first, from the operator's profile (:mod:`agent.dialogue.profile`): intents matched by regular
 expressions, keywords compared word by word with a difflib ratio (so "ordered" still finds
 "order" and "ours" finds "hours": ASR slips), and example sentences; slots filled over
 several turns from spoken digits, numerals or keypad entry; reply templates; actions. Rules
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TypeAlias
 
-from agent.llm import LlmClient
-from agent.profile import (
+from agent.dialogue.llm import LlmClient
+from agent.dialogue.profile import (
     DTMF_KEYS,
     Actions,
     AgentProfile,
@@ -35,11 +35,11 @@ from agent.profile import (
     SlotSpec,
     parse_template,
 )
+from agent.dialogue.sentences import SentenceBuffer
+from agent.dialogue.slot_rules import KEYED, PREFILLED, from_keys, hear, needs_confirmation, problem
+from agent.dialogue.slot_values import Heard
+from agent.dialogue.spoken_numbers import digit_runs, yes_no
 from agent.redaction import sensitive_text
-from agent.sentences import SentenceBuffer
-from agent.slot_rules import KEYED, PREFILLED, from_keys, hear, needs_confirmation, problem
-from agent.slot_values import Heard
-from agent.spoken_numbers import digit_runs, yes_no
 from agent.transcript import confidence_of
 from agent.words import normalize
 
