@@ -32,6 +32,7 @@ from agent.voice.voice_agent import TurnTiming, VoiceAgent
 from sip_bridge.agents import make_agent
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer
+from testkit.voice_agents import VoiceAgents
 from testkit.wire_caller import WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -109,15 +110,8 @@ async def start_bridge(
         http=replace(config.http, listen=""),
         rtp=replace(config.rtp, ports="31000-31999"),
     )
-    agents: list[VoiceAgent] = []
-
-    def factory(cfg: BridgeConfig) -> Any:
-        a = make_agent(cfg)
-        assert isinstance(a, VoiceAgent)
-        if adapt is not None:
-            adapt(a)
-        agents.append(a)
-        return a
+    factory = VoiceAgents(adapt)
+    agents = factory.made
 
     t_load = time.monotonic()
     make_agent(config)  # loads and warms the models, as BridgeServer.start() would

@@ -36,12 +36,13 @@ from agent.voice.voice_agent import VoiceAgent
 from agent.words import normalize
 from resample import Resampler
 from sip_bridge import logs
-from sip_bridge.agents import make_agent, prepare_agents
+from sip_bridge.agents import prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from testkit.mosquitto_runner import Mosquitto
 from testkit.sipp_media import random_port_range
+from testkit.voice_agents import VoiceAgents
 from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,14 +164,8 @@ async def _watch_mute(server: BridgeServer, out: Outcome, stop: asyncio.Event) -
 
 async def _call(config: BridgeConfig, broker: Mosquitto) -> Outcome:
     out = Outcome()
-    agents: list[VoiceAgent] = []
-
-    def factory(cfg: BridgeConfig) -> VoiceAgent:
-        a = make_agent(cfg)
-        assert isinstance(a, VoiceAgent)
-        agents.append(a)
-        return a
-
+    factory = VoiceAgents()
+    agents = factory.made
     server = BridgeServer(config, agent_factory=factory)
     await server.start()
     stop = asyncio.Event()

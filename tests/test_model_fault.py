@@ -26,12 +26,13 @@ from agent.base import Agent, AgentOutput, CallInfo
 from agent.lines.playback import load_wav
 from agent.model_guard import ModelGuard
 from agent.voice.voice_agent import VoiceAgent
-from sip_bridge.agents import make_agent, prepare_agents
+from sip_bridge.agents import prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.metrics import BridgeMetrics
 from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import random_port_range
+from testkit.voice_agents import VoiceAgents
 from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -313,17 +314,15 @@ def test_the_voice_agent_whose_asr_raises_mid_call_hands_the_call_to_the_prompt(
 ) -> None:
     cfg = _config(tmp_path, name="voice")
     prepare_agents(cfg)  # load and warm the models before any call
-    agents: list[VoiceAgent] = []
     broken: list[BrokenAsr] = []
 
-    def factory(c: BridgeConfig) -> Agent:
-        a = make_agent(c)
-        assert isinstance(a, VoiceAgent)
-        if not agents:  # the first call's ASR breaks; the second call's is the real one
+    def break_the_first(a: VoiceAgent) -> None:
+        if not broken:  # the first call's ASR breaks; the second call's is the real one
             broken.append(BrokenAsr(a._stt.asr))
             a._stt.asr = broken[0]  # type: ignore[assignment]
-        agents.append(a)
-        return a
+
+    factory = VoiceAgents(break_the_first)
+    agents = factory.made
 
     question = espeak("What are your opening hours?")
 

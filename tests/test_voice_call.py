@@ -19,11 +19,12 @@ from numpy.typing import NDArray
 from agent.base import FADE_MS
 from agent.voice.voice_agent import VoiceAgent
 from resample import Resampler
-from sip_bridge.agents import make_agent, prepare_agents
+from sip_bridge.agents import prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import random_port_range
+from testkit.voice_agents import VoiceAgents
 from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -112,15 +113,8 @@ class LoopStalls:
 
 
 async def _call(config: BridgeConfig, codec: str, script, **caller_opts):  # type: ignore[no-untyped-def]
-    agents: list[VoiceAgent] = []
-
-    def factory(cfg: BridgeConfig) -> VoiceAgent:
-        a = make_agent(cfg)
-        assert isinstance(a, VoiceAgent)
-        agents.append(a)
-        return a
-
-    server = BridgeServer(config, agent_factory=factory)
+    agents = VoiceAgents()
+    server = BridgeServer(config, agent_factory=agents)
     await server.start()
     caller = WireCaller(server.uri, codec=codec, **caller_opts)
     try:
@@ -130,7 +124,7 @@ async def _call(config: BridgeConfig, codec: str, script, **caller_opts):  # typ
         models = server.status()["models"]
         assert {"silero-vad", "smart-turn-v3.2", "piper-joe-medium"} <= set(models), models
         assert all(p.endswith("ExecutionProvider") for p in models.values()), models
-        return await script(Conversation(caller, agents[0], server))
+        return await script(Conversation(caller, agents.made[0], server))
     finally:
         await caller.hangup()
         await server.stop()
