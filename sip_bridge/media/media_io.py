@@ -191,11 +191,7 @@ class AudioRtpSender(RtpSender):
             raise ValueError(f"payload type {pt} out of range")
         b1 = pt | 0x80 if marker or self._marker_pending else pt
         data = _RTP_HEADER.pack(0x80, b1, self.sequence, self.timestamp, self.ssrc) + payload
-        self._marker_pending = False
-        self.sequence = (self.sequence + 1) & 0xFFFF
-        self.timestamp = (self.timestamp + samples) & 0xFFFFFFFF
-        self.packet_count += 1
-        self.octet_count += len(payload)
+        self.advance(samples, len(payload))
         return data
 
 

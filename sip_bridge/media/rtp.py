@@ -391,12 +391,17 @@ class RtpSender:
             payload=bytes(payload),
             marker=marker or self._marker_pending,
         )
+        self.advance(samples, len(payload))
+        return packet
+
+    def advance(self, samples: int, octets: int) -> None:
+        """A packet of ``samples`` and ``octets`` of payload went out: the counters move on
+        (sequence, timestamp, RTCP's packet and octet counts) and the marker is spent."""
         self._marker_pending = False
         self.sequence = (self.sequence + 1) % _SEQ_MOD
         self.timestamp = (self.timestamp + samples) % _TS_MOD
         self.packet_count += 1
-        self.octet_count += len(payload)
-        return packet
+        self.octet_count += octets
 
     def next_packet(
         self,
