@@ -43,7 +43,7 @@ from testkit.peers.support import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER = Path(__file__).parent / "peers" / "pjsua_peer.py"
+PEER = Path(__file__).resolve().parents[1] / "testkit" / "peers" / "pjsua_peer.py"
 
 
 def _peer(
