@@ -22,6 +22,7 @@ from jitter.netsim import (
     replay,
     standard_trace,
 )
+from testkit import pcap
 
 PCAP = Path(__file__).parent / "data" / "rtp_loopback_pcmu.pcap"
 
@@ -151,9 +152,8 @@ def _ulaw_decode(b: bytes) -> NDArray[np.int16]:
     return np.where(sign != 0, -mag, mag).astype(np.int16)
 
 
-@pytest.mark.skipif(not PCAP.exists(), reason="capture not present")
 def test_real_loopback_capture() -> None:
-    pcap = pytest.importorskip("sip_bridge.pcap")
+    assert PCAP.exists(), PCAP  # tests/data/ is part of the checkout
     pkts = pcap.read_rtp_packets(str(PCAP))
     assert pkts
     t0 = pkts[0][0]
