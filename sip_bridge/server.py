@@ -585,8 +585,7 @@ class BridgeServer:
             self._model_fault(call_id, event)
         elif isinstance(event, TransferRequest) and self.ua is not None:
             log.info("call %s: the agent asks for a transfer to %s", call_id, event.target)
-            now = asyncio.get_running_loop().time()
-            self._handle(self.ua.transfer(call_id, event.target, now))
+            self.transfer(call_id, event.target)
 
     def _mark_turn(self, call_id: str, card_said: bool) -> None:
         """A turn ended. When the caller said a card number in it, the recording's caller
