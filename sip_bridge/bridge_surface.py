@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from agent.base import Agent, TurnCompleted
@@ -78,6 +78,10 @@ class Bridge(Protocol):
     def port(self) -> int: ...
     @property
     def uptime_s(self) -> float: ...
+
+    def load_status(self) -> dict[str, Any]:
+        """The node's headroom ([load]): figures, budgets, whether it sheds new calls."""
+        ...
 
     def call_snapshots(self) -> list[CallSnapshot]:
         """Every SIP call in progress, in the order they came in."""

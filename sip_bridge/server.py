@@ -48,8 +48,9 @@ from sip_bridge.media.rtp_ports import PortsExhausted, RtpPortPool
 from sip_bridge.native import compile_hint, require_fresh
 from sip_bridge.ops import call_events as ce
 from sip_bridge.ops.call_events import Command
-from sip_bridge.ops.call_telemetry import CallFacts, CallTelemetry, hostport
+from sip_bridge.ops.call_telemetry import CallFacts, CallTelemetry, hostport, turn_total_ms
 from sip_bridge.ops.control import ControlServer
+from sip_bridge.ops.headroom import CpuMeter, Headroom
 from sip_bridge.ops.heap import HeapTrimmer
 from sip_bridge.ops.operator_view import apply_command, bridge_status
 from sip_bridge.ops.records_retention import purge_daily
@@ -139,6 +140,9 @@ class BridgeServer:
         # records, metrics, events: off until start() opens what the config asks for
         self.telemetry = CallTelemetry(config.node.node_name, active=lambda: len(self.calls))
         self.ready = False  # models loaded and listening: /healthz says ok
+        # [load]: turn latency and CPU -> whether new calls get 503 (ops.headroom)
+        self.headroom = Headroom(config.load)
+        self._cpu = CpuMeter()
         self.web: WebServer | None = None  # [http]: the talk page and the console
         self.config_source = ""  # what chose config.path (`sip-bridge run`: the lookup)
         # the SIP timer serves every call: it must not keep the context (call id) of the
@@ -194,6 +198,7 @@ class BridgeServer:
         self.ua.silenced = self.policy.silenced
         self._schedule()
         self._spawn(self._watch_media())
+        self._spawn(self._watch_load())
         # [records] keep_days: purged now and daily, in a thread, in small transactions
         store = self.telemetry.records
         self._spawn(purge_daily(lambda: self.config.records, store.path if store else None))
@@ -243,6 +248,41 @@ class BridgeServer:
                     self.hangup(call_id, "RTP timeout")
             seen = current
             self.heap.maybe_trim(now, len(self.calls))
+
+    async def _watch_load(self) -> None:
+        """Each second: the CPUs' busy share into the headroom, and its decision out."""
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        self._cpu.read()
+        while True:
+            await asyncio.sleep(1.0)
+            now = loop.time()
+            busy = self._cpu.read()
+            if busy is not None:
+                self.headroom.cpu(busy, now - last, now)
+            last = now
+            self._load_changed(now)
+
+    def _load_changed(self, now: float) -> None:
+        """Decide, tell the UA (503 to INVITE and OPTIONS while shedding) and telemetry."""
+        self.headroom.update(now)
+        shed = 0
+        if self.ua is not None:
+            self.ua.shedding = self.headroom.shedding
+            shed = self.ua.shed_count
+        self.telemetry.load(self.headroom.figures(now), shed)
+
+    def load_status(self) -> dict[str, Any]:
+        """The node's headroom for status and the console: figures, budgets, refusals."""
+        loop = asyncio.get_running_loop()
+        c = self.config.load
+        return {
+            **self.headroom.figures(loop.time()).as_dict(),
+            "shed_enabled": c.shed,
+            "turn_p95_budget_ms": c.turn_p95_ms,
+            "cpu_budget_pct": c.cpu_pct,
+            "shed_calls": self.ua.shed_count if self.ua is not None else 0,
+        }
 
     def _on_command(self, call_id: str, command: Command) -> None:
         """An operator's command for one call (MQTT); ValueError becomes an error event."""
@@ -303,6 +343,7 @@ class BridgeServer:
             self.ua.silenced = policy.silenced
             self.ua.config = merged.sip
             self.ua.transfer_timeout_s = merged.transfer.timeout_s  # for the next REFER
+        self.headroom.config = merged.load
         return kept
 
     @property
@@ -377,6 +418,7 @@ class BridgeServer:
         if regs is not None and isinstance(r.message, SipResponse) and regs.regs.owns(r.message):
             regs.receive(r.message, r.source, r.transport)
             return
+        shed = ua.shed_count
         if r.data is not None:
             events = ua.receive_bytes(r.data, r.source, r.transport, now)
         elif r.message is not None:
@@ -385,6 +427,8 @@ class BridgeServer:
             log.info("dropped a broken SIP stream from %s: %s", r.source, r.error)
             return
         self._handle(events)
+        if ua.shed_count != shed:  # a new call refused for load: counted at once
+            self.telemetry.load(self.headroom.figures(now), ua.shed_count)
 
     def _tick(self) -> None:
         self._timer = None
@@ -577,6 +621,11 @@ class BridgeServer:
         if isinstance(event, TurnCompleted):
             card = self.telemetry.turn(call_id, event)
             self._mark_turn(call_id, card)
+            total = turn_total_ms(event.stages_ms)
+            if total is not None and not event.barged_in:  # a cut-short turn waited for nothing
+                now = asyncio.get_running_loop().time()
+                self.headroom.turn(total, now)
+                self._load_changed(now)
         elif isinstance(event, DeadAir):
             self.telemetry.dead_air_gap(call_id, event)
         elif isinstance(event, HangupEvent):

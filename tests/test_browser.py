@@ -219,6 +219,11 @@ def test_the_console_shows_a_sip_call_live_hangs_it_up_and_charts_it_after(
             answered = lambda d: "monday" in cell("turns").lower()  # noqa: E731
             _wait(driver, "the call's first answer", answered, 40)
             assert re.fullmatch(r"\d+", cell("latency")), cell("latency")
+            # the node's headroom ([load]): figures against budgets; shedding is off here
+            load = driver.find_element(By.ID, "node-load").text
+            assert re.search(r"^load: headroom -?\d+ % · turn p95 .* of 900 ms · CPU \d+ % of "
+                             r"90 % · (taking new calls|over budget .*) · refused so far 0$",
+                             load), load  # fmt: skip
             driver.save_screenshot(str(bridge.out / "console-live.png"))
             # actions: refused without the operator token; the page offers to sign in
             assert _api(bridge, f"/api/calls/{call_id}/hangup", "wrong") == 401

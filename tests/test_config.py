@@ -22,6 +22,7 @@ def test_shipped_default_is_valid_and_equals_the_built_in_defaults() -> None:
     assert cfg.agent.name == builtin.agent.name == "voice"
     assert cfg.agent == builtin.agent
     assert cfg.models == builtin.models
+    assert cfg.load == builtin.load and not cfg.load.shed  # measured, shown, not shedding
     assert cfg.sip.listen_port == 5060
     assert cfg.rtp.port_range == (20000, 20999)
 
@@ -80,6 +81,11 @@ def _write(tmp_path: Path, text: str) -> Path:
             "http.operator_token_file",
             "cannot read a token",
         ),
+        ("[load]\nshed = true\nturn_p95_ms = 50\n", 3, "load.turn_p95_ms", "100..60000"),
+        ("[load]\ncpu_pct = 120\n", 2, "load.cpu_pct", "must be 1..100"),
+        ("[load]\nresume_at = 1.0\n", 2, "load.resume_at", "0.1..0.95"),
+        ('[load]\nshed = "yes"\n', 2, "load.shed", "expected bool"),
+        ("[load]\nbudget_ms = 900\n", 2, "load.budget_ms", "unknown key"),
         ("[sip\nlisten=1\n", 1, "syntax", ""),
     ],
 )

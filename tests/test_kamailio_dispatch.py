@@ -15,11 +15,14 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from sip_bridge.config.loader import BridgeConfig
+from agent.base import Agent
+from sip_bridge.agents import make_agent
+from sip_bridge.config.loader import BridgeConfig, LoadConfig
 from sip_bridge.server import BridgeServer
 from testkit.kamailio_runner import Kamailio, write_proxy_scenario
 from testkit.sipp_media import sipp_counts
 from testkit.sipp_runner import finish, free_port, start_sipp
+from testkit.slow_turns import SlowTurnsAgent
 
 PROBE_S = 1  # ds_ping_interval in these tests
 FR_TIMER_MS = 1000  # how long a silent node (or probe) is waited for
@@ -226,3 +229,74 @@ def test_a_draining_node_gets_no_new_calls_and_finishes_its_own(tmp_path: Path) 
                     await node.stop()
 
     asyncio.run(asyncio.wait_for(main(), 50))
+
+
+def test_an_overloaded_node_sheds_and_new_calls_go_to_the_other_node(tmp_path: Path) -> None:
+    """[load] shed: node A's calls start taking 1.5 s a turn (over its 900 ms budget). A
+    answers the dispatcher's next OPTIONS probe with 503, Kamailio takes it out within one
+    probe interval, and every new call goes to node B, with no failover (no INVITE even
+    reaches A). A's call in progress runs to its end. When the slow turns have left A's
+    window, its probe gets 200 again and it takes calls."""
+    scenario = write_proxy_scenario(tmp_path)
+    load = LoadConfig(shed=True, turn_p95_ms=900, cpu_pct=100, window_s=5, min_turns=3,
+                      hold_s=0)  # fmt: skip
+    overloaded = False
+
+    def node_a_agent(cfg: BridgeConfig) -> Agent:
+        return SlowTurnsAgent(1500, 3) if overloaded else make_agent(cfg)
+
+    async def main() -> None:
+        nonlocal overloaded
+        a = BridgeServer(replace(_config("43400-43599"), load=load), node_a_agent)
+        b = BridgeServer(_config("43600-43799"))
+        for node in (a, b):
+            await node.start()
+        try:
+            async with Kamailio(
+                tmp_path, free_port(), [a.port, b.port],
+                ping_interval_s=PROBE_S, fr_timer_ms=FR_TIMER_MS,
+            ) as proxy:  # fmt: skip
+                await _calls(proxy, scenario, 4, hold_ms=200)
+                await _settle([a, b], 4)
+                assert a.stats["offered"] == b.stats["offered"] == 2
+                assert a.load_status()["headroom_pct"] > 0 and not a.headroom.shedding
+
+                # A gets slow: two long calls, round-robin puts one on each node.
+                overloaded = True
+                long_calls = asyncio.ensure_future(_calls(proxy, scenario, 2, hold_ms=6000))
+                deadline = time.monotonic() + 5
+                while not a.headroom.shedding and time.monotonic() < deadline:
+                    await asyncio.sleep(0.01)
+                shed_at = time.monotonic()
+                status = a.load_status()
+                assert status["shedding"] and status["turns"] == 3, status
+                assert "turn p95 1500 ms > 900 ms" in status["reason"]
+                assert not b.headroom.shedding
+                down = rf"sip-bridge node down: sip:127\.0\.0\.1:{a.port}\b"
+                await proxy.wait_for_log(down, timeout=PROBE_S + 3)
+                took = time.monotonic() - shed_at
+                print(f"node A over budget -> taken out by the probe: {took:.2f} s")
+                assert took <= PROBE_S + 1.0, took  # the next probe (slack: a loaded machine)
+
+                # New calls: all on B, by the dispatcher's choice (no 503 seen by a call).
+                before_a, before_b = dict(a.stats), dict(b.stats)
+                await _calls(proxy, scenario, 4, hold_ms=200)
+                assert b.stats["offered"] == before_b["offered"] + 4
+                assert a.stats["offered"] == before_a["offered"]
+                assert a.ua is not None and a.ua.shed_count == 0  # the probe, not a failover
+                assert not proxy.lines("failover")
+                assert len(a.calls) == 1 and not long_calls.done()  # A's call goes on
+
+                await long_calls  # sipp saw both long calls through
+                overloaded = False
+                up = rf"sip-bridge node up: sip:127\.0\.0\.1:{a.port}\b"
+                await proxy.wait_for_log(up, timeout=load.window_s + PROBE_S + 3)
+                assert not a.headroom.shedding
+                before_a = dict(a.stats)
+                await _calls(proxy, scenario, 2, hold_ms=200)
+                assert a.stats["offered"] == before_a["offered"] + 1  # round-robin again
+        finally:
+            for node in (a, b):
+                await node.stop()
+
+    asyncio.run(asyncio.wait_for(main(), 60))

@@ -463,6 +463,35 @@ def test_503_with_retry_after_at_max_calls() -> None:
     assert_clean(zero)
 
 
+def test_shedding_refuses_new_calls_and_probes_and_leaves_calls_in_progress() -> None:
+    """[load] over budget: a new INVITE and an out-of-dialog OPTIONS (the dispatcher's
+    probe) get 503 + Retry-After; the call already up still gets its re-INVITE, in-dialog
+    OPTIONS and BYE answered. Back under budget, new calls are offered again."""
+    ua = make_ua()
+    call_id, ok = established(ua)
+    ua.shedding = True
+    events = ua.receive_bytes(
+        invite_text(call_id="c2", branch="z9hG4bK2").encode(), CALLER, "udp", 1.0
+    )
+    [busy] = responses(events, 503)
+    assert busy.headers.get("Retry-After") == "7"
+    assert not of_type(events, CallOffered) and ua.shed_count == 1
+    [probe] = responses(ua.receive_bytes(options_text(), CALLER, "udp", 1.1))
+    assert probe.status == 503 and probe.headers.get("Retry-After") == "7"
+    [alive] = responses(ua.receive_bytes(in_dialog("OPTIONS", ok, 7), CALLER, "udp", 1.2))
+    assert alive.status == 200
+    assert ua.active_calls == 1
+    ua.shedding = False
+    probe_2 = options_text().replace(b"z9hG4bKopt1", b"z9hG4bKopt2")  # a new transaction
+    [again] = responses(ua.receive_bytes(probe_2, CALLER, "udp", 1.3))
+    assert again.status == 200
+    offered, _ = offer_call(ua, invite_text(call_id="c3", branch="z9hG4bK3"), now=1.4)
+    assert offered.call_id == "c3" and ua.shed_count == 1
+    events = ua.receive_bytes(in_dialog("BYE", ok, 8), CALLER, "udp", 1.5)
+    assert [r.status for r in responses(events)] == [200]
+    assert of_type(events, CallEnded)[0].call_id == call_id
+
+
 def test_lost_ack_retransmits_200_then_byes_after_64_t1() -> None:
     ua = make_ua()
     offered, _ = offer_call(ua, invite_text())

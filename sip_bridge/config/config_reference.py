@@ -137,6 +137,17 @@ MEANINGS: dict[str, str] = {
     "transfer.hold_audio": "what the caller hears while the target rings: a 16-bit WAV"
     " (8-48 kHz, looped), relative to the file; empty: ringback (440+480 Hz, 2 s on, 4 s off);"
     " a profile's `[transfer] hold_audio` comes first",
+    "load.shed": "over budget, new INVITEs and the dispatcher's OPTIONS probe get 503 +"
+    " Retry-After (calls in progress go on); false: measure and show only",
+    "load.turn_p95_ms": "over budget: the p95 of the last `window_s`'s turns above this, ms"
+    " (100..60000)",
+    "load.cpu_pct": "over budget: the node's CPUs busier than this on average, % (1..100)",
+    "load.window_s": "the turns of this long ago count, s (5..3600)",
+    "load.cpu_window_s": "the CPU is averaged over this long, s (1..600)",
+    "load.min_turns": "fewer turns in the window decide nothing (1..100000)",
+    "load.resume_at": "shedding ends when both figures are under this fraction of their"
+    " budgets (0.1..0.95)",
+    "load.hold_s": "once shedding, at least this long, s (0..3600)",
     "trunks.name": "required, unique: logs, status, records, routes",
     "trunks.registrar": "`host[:port]` or URI to register at; empty: no registration",
     "trunks.username": "user part of our address-of-record (often the DID)",
@@ -179,7 +190,7 @@ _CLASS: dict[str, type] = {
     "models": ModelSettings, "inbound": c.InboundConfig, "control": c.ControlConfig,
     "node": c.NodeConfig, "records": c.RecordsConfig, "metrics": c.MetricsConfig,
     "mqtt": c.MqttConfig, "http": c.HttpConfig, "log": c.LogConfig, "trunks": TrunkConfig,
-    "routes": RouteConfig, "transfer": c.TransferConfig,
+    "routes": RouteConfig, "transfer": c.TransferConfig, "load": c.LoadConfig,
     "agent.echo": c.AgentConfig, "agent.tone": c.AgentConfig, "agent.playback": c.AgentConfig,
 }  # fmt: skip
 

@@ -24,6 +24,7 @@ from sip_bridge.config.config_types import (
     ConfigError,
     HttpConfig,
     HttpToken,
+    LoadConfig,
     SpeechModelConfig,
     TlsConfig,
     TransferConfig,
@@ -36,6 +37,7 @@ from sip_bridge.config.config_types import (
 
 __all__ = [
     "build_http",
+    "build_load",
     "build_model_fault",
     "build_speech_model",
     "build_tls",
@@ -161,6 +163,29 @@ def build_transfer(section: dict[str, Any], text: str, p: str) -> TransferConfig
             raise ConfigError(p, line, "transfer.hold_audio", problem)
         hold = str(f)
     return replace(t, timeout_s=float(t.timeout_s), hold_audio=hold)
+
+
+#: [load] key -> (lowest, highest) allowed
+LOAD_RANGES: dict[str, tuple[float, float]] = {
+    "turn_p95_ms": (100, 60_000),
+    "cpu_pct": (1, 100),
+    "window_s": (5, 3600),
+    "cpu_window_s": (1, 600),
+    "min_turns": (1, 100_000),
+    "resume_at": (0.1, 0.95),  # below 1: a band under the budgets
+    "hold_s": (0, 3600),
+}
+
+
+def build_load(section: dict[str, Any], text: str, p: str) -> LoadConfig:
+    """[load]: every budget in its range; ``resume_at`` below 1, a band under the budgets
+    so that a node does not flap at its budget."""
+    load = LoadConfig(**section)
+    for key, (low, high) in LOAD_RANGES.items():
+        if not low <= getattr(load, key) <= high:
+            why = f"must be {low:g}..{high:g}"
+            raise ConfigError(p, _line_of(text, "load", key), f"load.{key}", why)
+    return load
 
 
 def _prompt_problem(f: Path) -> str:

@@ -1,3 +1,5 @@
+# size: every section of bridge.toml as one typed dataclass each, side by side, so that the
+#       defaults and their comments read as one reference (config/REFERENCE.md is made from them)
 """The configuration's typed values: what a loaded bridge.toml is, and the checks they
 share with command-line overrides. Loading and validating a file: :mod:`sip_bridge.config.loader`.
 """
@@ -187,6 +189,22 @@ class InboundConfig:
 
 
 @dataclass(frozen=True)
+class LoadConfig:
+    """[load]: the node's own headroom (turn latency over the last minute, the CPU it has
+    left) and whether it sheds new calls (503 + Retry-After to INVITEs and to the
+    dispatcher's OPTIONS probe) while over budget. Calls in progress are never touched."""
+
+    shed: bool = False  # measure always; refuse new calls only when on
+    turn_p95_ms: float = 900.0  # over budget: p95 of the window's turns above this
+    cpu_pct: float = 90.0  # or the node's CPUs busier than this, on average (0..100)
+    window_s: float = 60.0  # turns of this long ago count
+    cpu_window_s: float = 10.0  # the CPU is averaged over this long
+    min_turns: int = 20  # fewer turns in the window: their latency decides nothing
+    resume_at: float = 0.8  # shedding ends below this fraction of both budgets
+    hold_s: float = 10.0  # once shedding, for at least this long
+
+
+@dataclass(frozen=True)
 class ControlConfig:
     """Where ``sip-bridge status`` finds a running bridge (a Unix socket)."""
 
@@ -345,6 +363,7 @@ class BridgeConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
     log: LogConfig = field(default_factory=LogConfig)
     transfer: TransferConfig = field(default_factory=TransferConfig)
+    load: LoadConfig = field(default_factory=LoadConfig)
     path: str = "<defaults>"
     # what is allowed but probably not meant (a profile no call uses...): `config check`
     # prints them, `run` logs them at start

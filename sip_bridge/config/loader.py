@@ -18,6 +18,7 @@ from typing import Any
 from agent.voice_settings import DEVICES, ModelSettings
 from sip_bridge.config.config_sections import (
     build_http,
+    build_load,
     build_model_fault,
     build_speech_model,
     build_tls,
@@ -38,6 +39,7 @@ from sip_bridge.config.config_types import (
     HttpConfig,
     InboundConfig,
     JitterConfig,
+    LoadConfig,
     LogConfig,
     MetricsConfig,
     MqttConfig,
@@ -71,6 +73,7 @@ __all__ = [
     "HttpConfig",
     "InboundConfig",
     "JitterConfig",
+    "LoadConfig",
     "LogConfig",
     "MetricsConfig",
     "MqttConfig",
@@ -196,6 +199,16 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "log": {"format": (str,), "level": (str,)},
     "transfer": {"timeout_s": (int, float), "hold_audio": (str,)},
+    "load": {
+        "shed": (bool,),
+        "turn_p95_ms": (int, float),
+        "cpu_pct": (int, float),
+        "window_s": (int, float),
+        "cpu_window_s": (int, float),
+        "min_turns": (int,),
+        "resume_at": (int, float),
+        "hold_s": (int, float),
+    },
     "trunks": {},  # an array of tables: checked by sip_bridge.config.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.config.routes
 }
@@ -403,6 +416,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     warnings = _unused_profile(profile, agent_cfg, routes, text, p)
     http = build_http(data.get("http", {}), text, p)
     transfer = build_transfer(data.get("transfer", {}), text, p)
+    load = build_load(data.get("load", {}), text, p)
     models = ModelSettings(**data.get("models", {}))
     _choice(models.device, DEVICES, text, p, "models.device")
     for key in ("threads", "workers"):
@@ -428,6 +442,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
         mqtt=mqtt,
         http=http,
         transfer=transfer,
+        load=load,
         inbound=inbound,
         control=control,
         path=p,

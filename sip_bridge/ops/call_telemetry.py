@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from sip_bridge.config.loader import BridgeConfig
     from sip_bridge.media.media_params import MediaStats
     from sip_bridge.ops.call_events import Command
+    from sip_bridge.ops.headroom import HeadroomFigures
     from sip_bridge.ops.metrics import BridgeMetrics, MetricsServer
     from sip_bridge.ops.mqtt_link import MqttLink
     from sip_bridge.ops.records import CallRecords
@@ -241,6 +242,15 @@ class CallTelemetry:
         self.dead_air.setdefault(call_id, DeadAirTally()).add(gap.gap_ms)
         if self.metrics is not None:
             self.metrics.dead_air_gap(gap.gap_ms / 1000)
+
+    def load(self, figures: HeadroomFigures, shed_calls: int) -> None:
+        """The node's headroom, each second and when shedding starts or ends: metrics, and
+        ``/healthz`` (503 while shedding, as while draining)."""
+        if self.metrics is not None:
+            self.metrics.load(figures.shedding, figures.headroom_pct, figures.turn_p95_ms,
+                              figures.cpu_busy_pct, shed_calls)  # fmt: skip
+        if self.http is not None:
+            self.http.set_shedding(figures.shedding)
 
     def model_fault(self, call_id: str, stage: str, reason: str, action: str) -> None:
         """A model of the call's agent raised or hung: the timeline, the fault counter and

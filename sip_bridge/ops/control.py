@@ -17,7 +17,14 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ControlError", "ControlServer", "format_status", "query", "running_bridges"]
+__all__ = [
+    "ControlError",
+    "ControlServer",
+    "format_load",
+    "format_status",
+    "query",
+    "running_bridges",
+]
 
 log = logging.getLogger(__name__)
 
@@ -121,6 +128,28 @@ def running_bridges(
     return out
 
 
+def format_load(load: dict[str, Any]) -> str:
+    """One line: the node's headroom against its [load] budgets, and whether it sheds."""
+
+    def num(v: Any, unit: str) -> str:
+        return "-" if v is None else f"{v:.0f} {unit}"
+
+    turn = load.get("turn_p95_ms")
+    turns = f"{num(turn, 'ms')}" if turn is not None else f"- ({load.get('turns', 0)} turns)"
+    head = (
+        f"load: headroom {load.get('headroom_pct', 0):.0f} %; turn p95 {turns} of "
+        f"{num(load.get('turn_p95_budget_ms'), 'ms')}; CPU {num(load.get('cpu_busy_pct'), '%')}"
+        f" of {num(load.get('cpu_budget_pct'), '%')}"
+    )
+    if load.get("shedding"):
+        verdict = f"SHEDDING: new calls get 503 ({load.get('reason', '')})"
+    elif load.get("over_budget"):
+        verdict = f"over budget ({load.get('reason', '')}); [load] shed is off"
+    else:
+        verdict = "taking new calls"
+    return f"{head}; {verdict}; refused {load.get('shed_calls', 0)}"
+
+
 def format_status(st: dict[str, Any]) -> str:
     """The human view of a status answer."""
     lines = [
@@ -135,6 +164,9 @@ def format_status(st: dict[str, Any]) -> str:
         said = cfg.get("source") not in (None, "", "--config", cfg["path"])
         source = f" ({cfg['source']})" if said else ""
         lines.insert(1, f"config: {cfg['path']}{source}")
+    load = st.get("load") or {}
+    if load:
+        lines.append(format_load(load))
     adm = st.get("admission", {})
     if adm:
         lines.append("inbound: " + ", ".join(f"{k} {v}" for k, v in adm.items()))

@@ -248,6 +248,33 @@ class BridgeMetrics:
             buckets=DEAD_AIR_BUCKETS,
             registry=r,
         )
+        self.shedding = Gauge(
+            "sipbridge_load_shedding",
+            "1 while the node refuses new calls for load ([load] shed, over budget), else 0.",
+            registry=r,
+        )
+        self.headroom = Gauge(
+            "sipbridge_headroom_ratio",
+            "What the node has left before its nearer [load] budget: 1 idle, 0 at it, "
+            "below 0 past it.",
+            registry=r,
+        )
+        self.window_turn_p95 = Gauge(
+            "sipbridge_turn_latency_window_p95_seconds",
+            "p95 of the turns of the last [load] window_s (NaN: fewer than min_turns).",
+            registry=r,
+        )
+        self.cpu_busy = Gauge(
+            "sipbridge_cpu_busy_ratio",
+            "Busy share of the node's CPUs over [load] cpu_window_s (0..1).",
+            registry=r,
+        )
+        self.shed = Counter(
+            "sipbridge_calls_shed",
+            "New calls refused with 503 because the node was over its [load] budget.",
+            registry=r,
+        )
+        self._shed_seen = 0
         self.mode = Info(
             "sipbridge_media_path",
             "How the media path runs: compiled (mypyc) or python.",
@@ -356,6 +383,23 @@ class BridgeMetrics:
         label = "failed" if outcome != "succeeded" else "succeeded"
         self.transfers.labels(label, self._transfer_status(str(int(status)), none=OTHER)).inc()
 
+    def load(
+        self,
+        shedding: bool,
+        headroom_pct: float,
+        turn_p95_ms: float | None,
+        cpu_busy_pct: float | None,
+        shed_calls: int,
+    ) -> None:
+        """The node's headroom (sip_bridge.ops.headroom); ``shed_calls``: refused so far."""
+        self.shedding.set(1.0 if shedding else 0.0)
+        self.headroom.set(headroom_pct / 100.0)
+        self.window_turn_p95.set(math.nan if turn_p95_ms is None else turn_p95_ms / 1000.0)
+        self.cpu_busy.set(math.nan if cpu_busy_pct is None else cpu_busy_pct / 100.0)
+        if shed_calls > self._shed_seen:
+            self.shed.inc(shed_calls - self._shed_seen)
+            self._shed_seen = shed_calls
+
     def media_path(self, mode: str) -> None:
         """Whether the media path runs compiled or as Python (``media_path_info{mode}``)."""
         self.mode.info({"mode": self._mode(mode, none=OTHER)})
@@ -391,12 +435,17 @@ class MetricsServer:
         self.read_timeout_s = read_timeout_s
         self.max_clients = max_clients
         self.draining = False
+        self.shedding = False
         self._server: asyncio.AbstractServer | None = None
         self._clients: set[asyncio.Task[None]] = set()
 
     def set_draining(self, draining: bool = True) -> None:
         """While draining, ``/healthz`` answers 503 so balancers stop sending calls."""
         self.draining = draining
+
+    def set_shedding(self, shedding: bool) -> None:
+        """While over its [load] budget and shedding, ``/healthz`` answers 503 too."""
+        self.shedding = shedding
 
     async def start(self) -> None:
         """Listen; with port 0 the kernel picks one and ``self.port`` tells which."""
@@ -470,6 +519,8 @@ class MetricsServer:
     def _health(self) -> tuple[int, bytes]:
         if self.draining:
             return 503, b"draining\n"
+        if self.shedding:
+            return 503, b"overloaded\n"
         try:
             ok = bool(self.ready())
         except Exception:

@@ -105,6 +105,7 @@ def bridge_status(server: Bridge) -> dict[str, Any]:
         "limits": {"max_calls": sip.max_calls},
         "counters": {**server.stats, "active": server.active_calls},
         "draining": server.draining,
+        "load": server.load_status(),
         "admission": (
             {**server.policy.counts, "silenced": server.policy.silenced_count}
             if server.policy is not None

@@ -176,6 +176,10 @@ class BridgeUA(SessionMixin, TransferMixin):
         # Draining: new calls and out-of-dialog OPTIONS get 503, so a dispatcher probing
         # with OPTIONS moves traffic elsewhere; calls in progress go on.
         self.draining = False
+        # Shedding ([load], set by the app from its headroom): the same 503 to new calls
+        # and to the dispatcher's probe while the node is past its budget.
+        self.shedding = False
+        self.shed_count = 0  # INVITEs refused for load
         self.transfer_timeout_s = transfer_timeout_s  # REFER sent -> final NOTIFY, at most
         self.transfer_bye_s = transfer_bye_s  # transfer succeeded -> our BYE if none came
         t = config.timers
@@ -345,7 +349,7 @@ class BridgeUA(SessionMixin, TransferMixin):
             if method == "INVITE":
                 return self._on_invite(ev, transport, now)
             if method == "OPTIONS":
-                if self.draining:
+                if self.draining or self.shedding:
                     return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
                 return self._options(ev, now)
             return self._reply(ev, 481, now)
@@ -380,6 +384,9 @@ class BridgeUA(SessionMixin, TransferMixin):
         if call_id in self._calls or call_id in self._ending:
             return self._reply(ev, 482, now)  # merged/looped request (RFC 3261 8.2.2.2)
         if self.draining:
+            return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
+        if self.shedding:
+            self.shed_count += 1
             return self._reply(ev, 503, now, Retry_After=str(self.config.retry_after_s))
         admission = self.admit(req, ev.source, now) if self.admit is not None else Admission()
         if admission.status:  # a refusal of an unproven source: no state kept for it

@@ -352,7 +352,9 @@ class WebServer:
     async def _api_calls(self, request: web.Request) -> web.Response:
         now = asyncio.get_running_loop().time()
         calls = live_calls(self.bridge, list(self.sessions.values()), now)
-        return web.json_response({"node": self.bridge.telemetry.node, "calls": calls})
+        node = self.bridge.telemetry.node
+        load = self.bridge.load_status()
+        return web.json_response({"node": node, "load": load, "calls": calls})
 
     async def _api_history(self, request: web.Request) -> web.Response:
         records = self.bridge.telemetry.records

@@ -23,9 +23,10 @@
   const historyBody = $("history").tBodies[0];
   const historyNote = $("history-note");
   const detailEl = $("detail");
+  const loadEl = $("node-load");
 
-  // Exposed for tests: the last answers of /api/calls and /api/history.
-  const state = { live: [], history: [] };
+  // Exposed for tests: the last answers of /api/calls (calls, load) and /api/history.
+  const state = { live: [], history: [], load: null };
   window.consoleState = state;
 
   let stickyUntil = 0;      // keep errors and action results visible before "updated ..." replaces them
@@ -207,11 +208,30 @@
     return seen;
   }
 
+  // The node's headroom ([load]): what it has left, its figures against their budgets, and
+  // whether it refuses new calls (503) now.
+  function renderLoad(load) {
+    if (!load || typeof load !== "object") { loadEl.textContent = ""; return; }
+    const turn = isNum(load.turn_p95_ms) ? fmt(load.turn_p95_ms, 0) + " ms" : "– (" + str(load.turns) + " turns)";
+    const parts = [
+      "headroom " + fmt(load.headroom_pct, 0) + " %",
+      "turn p95 " + turn + " of " + fmt(load.turn_p95_budget_ms, 0) + " ms",
+      "CPU " + fmt(load.cpu_busy_pct, 0) + " % of " + fmt(load.cpu_budget_pct, 0) + " %",
+    ];
+    let verdict = "taking new calls";
+    if (load.shedding) verdict = "SHEDDING: new calls get 503 (" + str(load.reason) + ")";
+    else if (load.over_budget) verdict = "over budget (" + str(load.reason) + "), shedding is off";
+    loadEl.textContent = "load: " + parts.join(" · ") + " · " + verdict + " · refused so far " + str(load.shed_calls);
+    loadEl.classList.toggle("error", Boolean(load.shedding || load.over_budget));
+  }
+
   async function pollLive(reschedule = true) {
     try {
       const data = await getJson("/api/calls");
       const calls = Array.isArray(data.calls) ? data.calls : [];
       state.live = calls;
+      state.load = data.load || null;
+      renderLoad(data.load);
       const seen = renderLive(calls);
       const ended = [...liveIds].some((id) => !seen.has(id));
       liveIds = seen;

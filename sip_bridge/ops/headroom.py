@@ -1,0 +1,198 @@
+"""A node's own headroom, and whether it sheds new calls ([load]).
+
+Why: a dispatcher spreads calls by whether a node answers its OPTIONS probe, and a carrier
+retries elsewhere on a 503. A node that knows it is past what it can carry says so before
+its callers notice: its turns get slow (the caller waits), or its CPUs have nothing left
+(the next call's turns will). It refuses *new* calls only; calls in progress go on.
+
+:class:`Headroom` is sans-I/O: turns and CPU readings come in with the clock, and
+:meth:`Headroom.update` decides. Over budget is either of
+
+- the p95 of the turns of the last ``window_s`` above ``turn_p95_ms`` (with at least
+  ``min_turns`` turns: a few slow first turns decide nothing),
+- the node's CPUs, averaged over ``cpu_window_s``, busier than ``cpu_pct``.
+
+Shedding starts when over budget and ends only when both figures are under ``resume_at``
+of their budgets and ``hold_s`` has passed (hysteresis: a node at its budget does not
+flap in and out of the dispatcher's set every probe).
+
+:class:`CpuMeter` is the I/O part: the busy share of the CPUs this process may run on,
+from ``/proc/stat`` (the node's, so model workers and other processes count), or this
+process's own CPU time where there is no ``/proc/stat``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sip_bridge.config.config_types import LoadConfig
+
+__all__ = ["CpuMeter", "Headroom", "HeadroomFigures"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class HeadroomFigures:
+    """What the node measured of itself, for status, the console and metrics."""
+
+    shedding: bool  # new calls get 503 now
+    over_budget: bool  # past a budget (sheds only with [load] shed = true)
+    reason: str  # why over budget ("" when not)
+    turns: int  # turns in the window
+    turn_p95_ms: float | None  # None: fewer than min_turns
+    cpu_busy_pct: float | None  # None: no reading yet
+    headroom_pct: float  # 100 = idle; 0 = at the nearer budget; negative = past it
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "shedding": self.shedding,
+            "over_budget": self.over_budget,
+            "reason": self.reason,
+            "turns": self.turns,
+            "turn_p95_ms": self.turn_p95_ms,
+            "cpu_busy_pct": self.cpu_busy_pct,
+            "headroom_pct": self.headroom_pct,
+        }
+
+
+def p95(values: list[float]) -> float:
+    """Nearest-rank 95th percentile of a non-empty list."""
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(0.95 * len(ordered)) - 1)]
+
+
+class Headroom:
+    """Turn latency and CPU in, the shed decision out; see the module docstring."""
+
+    def __init__(self, config: LoadConfig) -> None:
+        self.config = config
+        self._turns: deque[tuple[float, float]] = deque()  # (when, total ms)
+        self._cpu: deque[tuple[float, float, float]] = deque()  # (when, busy %, seconds)
+        self.over_budget = False
+        self._since = -math.inf  # when shedding last started
+        self.reason = ""
+
+    @property
+    def shedding(self) -> bool:
+        return self.config.shed and self.over_budget
+
+    def turn(self, total_ms: float, now: float) -> None:
+        """A turn answered: the caller's stop -> our reply on the wire."""
+        self._turns.append((now, total_ms))
+
+    def cpu(self, busy_pct: float, seconds: float, now: float) -> None:
+        """The CPUs were ``busy_pct`` busy over the last ``seconds``."""
+        self._cpu.append((now, busy_pct, seconds))
+
+    def _expire(self, now: float) -> None:
+        while self._turns and self._turns[0][0] < now - self.config.window_s:
+            self._turns.popleft()
+        while self._cpu and self._cpu[0][0] < now - self.config.cpu_window_s:
+            self._cpu.popleft()
+
+    def _turn_p95(self) -> float | None:
+        if len(self._turns) < self.config.min_turns:
+            return None
+        return p95([ms for _, ms in self._turns])
+
+    def _cpu_busy(self) -> float | None:
+        seconds = sum(s for _, _, s in self._cpu)
+        if seconds <= 0:
+            return None
+        return sum(pct * s for _, pct, s in self._cpu) / seconds
+
+    def update(self, now: float) -> bool:
+        """Decide; True when the shed decision changed (the caller logs and tells the UA)."""
+        self._expire(now)
+        c = self.config
+        turn_p95, busy = self._turn_p95(), self._cpu_busy()
+        was = self.shedding
+        if not self.over_budget:
+            why = []
+            if turn_p95 is not None and turn_p95 > c.turn_p95_ms:
+                why.append(f"turn p95 {turn_p95:.0f} ms > {c.turn_p95_ms:g} ms")
+            if busy is not None and busy > c.cpu_pct:
+                why.append(f"CPU {busy:.0f} % > {c.cpu_pct:g} %")
+            if why:
+                self.over_budget, self._since, self.reason = True, now, "; ".join(why)
+        else:
+            turns_ok = turn_p95 is None or turn_p95 <= c.resume_at * c.turn_p95_ms
+            cpu_ok = busy is None or busy <= c.resume_at * c.cpu_pct
+            if turns_ok and cpu_ok and now - self._since >= c.hold_s:
+                self.over_budget, self.reason = False, ""
+        if self.shedding != was:
+            if self.shedding:
+                log.warning("load: over budget (%s): new calls get 503", self.reason)
+            else:
+                log.warning("load: back under budget: taking new calls")
+        return self.shedding != was
+
+    def figures(self, now: float) -> HeadroomFigures:
+        self._expire(now)
+        c = self.config
+        turn_p95, busy = self._turn_p95(), self._cpu_busy()
+        used = max(
+            (turn_p95 or 0.0) / c.turn_p95_ms,
+            (busy or 0.0) / c.cpu_pct,
+        )
+        return HeadroomFigures(
+            shedding=self.shedding,
+            over_budget=self.over_budget,
+            reason=self.reason,
+            turns=len(self._turns),
+            turn_p95_ms=None if turn_p95 is None else round(turn_p95, 1),
+            cpu_busy_pct=None if busy is None else round(busy, 1),
+            headroom_pct=round(100.0 * (1.0 - used), 1),
+        )
+
+
+class CpuMeter:
+    """The busy share (%) of the CPUs this process may run on, between two reads.
+
+    From ``/proc/stat``'s per-CPU lines: busy is everything but idle and iowait. Without
+    it (not Linux), this process's own CPU time over the wall time and its CPUs."""
+
+    def __init__(self, stat: Path = Path("/proc/stat"), cpus: set[int] | None = None) -> None:
+        self.stat = stat
+        self.cpus = cpus if cpus is not None else _allowed_cpus()
+        self._last: tuple[float, float] | None = None  # (busy, total) in ticks or seconds
+
+    def _counters(self) -> tuple[float, float]:
+        try:
+            text = self.stat.read_text()
+        except OSError:
+            wall = time.monotonic() * max(1, len(self.cpus))
+            return time.process_time(), wall
+        busy = total = 0.0
+        for line in text.splitlines():
+            name, _, rest = line.partition(" ")
+            if not (name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in self.cpus):
+                continue
+            ticks = [float(x) for x in rest.split()[:8]]  # guest time is in user already
+            idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0.0)
+            total += sum(ticks)
+            busy += sum(ticks) - idle
+        return busy, total
+
+    def read(self) -> float | None:
+        """% busy since the last read; None on the first."""
+        busy, total = self._counters()
+        last, self._last = self._last, (busy, total)
+        if last is None or total <= last[1]:
+            return None
+        return max(0.0, min(100.0, 100.0 * (busy - last[0]) / (total - last[1])))
+
+
+def _allowed_cpus() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return set(range(os.cpu_count() or 1))
