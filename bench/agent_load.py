@@ -29,7 +29,8 @@ Per N (JSON, one entry per N, to stdout and bench/out/agent_load.json):
   the callers received (holes in the packet stream);
 - CPU of the bridge in the steady state (all callers started; the model load is before)
   in % of one core, per call in progress and in total; RSS per call ((RSS under load -
-  idle RSS) / N) and in total;
+  idle RSS) / N, idle after one warm-up call: the models' buffers grow on their first
+  real inputs) and in total;
 - calls placed, completed, failed, refused (503: a node shedding load; not failures, and
   the turn figures cover admitted calls only); the callers' talk / listen / pause shares.
 
@@ -166,6 +167,10 @@ def summarise(results: list[CallResult]) -> dict[str, Any]:
     )
     rx, expected = sum(f.rx_frames for f in figs), sum(f.rx_expected for f in figs)
     holes = [x for f in figs for x in f.rx_gaps_s]
+    by_text: dict[str, list[float]] = {}
+    for f in figs:
+        for text, x in zip(f.turn_texts, f.turns_s, strict=True):
+            by_text.setdefault(text, []).append(1000 * x)
     failures: dict[str, int] = {}
     for r in results:
         if r.outcome == "failed":
@@ -181,6 +186,9 @@ def summarise(results: list[CallResult]) -> dict[str, Any]:
             s: sum(r.script == s for r in results) for s in sorted({r.script for r in results})
         },
         "turn_latency_ms": _ms(turns),
+        "turn_latency_ms_by_utterance": {
+            text: {"p50": pct(xs, 50), "n": len(xs)} for text, xs in sorted(by_text.items())
+        },
         "keypad_turn_latency_ms": _ms(keys),
         "dead_air_s": {
             "p99": round(float(np.percentile(dead, 99)), 3) if dead else None,

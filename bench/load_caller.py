@@ -108,6 +108,7 @@ class CallFigures:
     """What one call measured, on the caller's clock (seconds)."""
 
     turns_s: list[float] = field(default_factory=list)  # speech turns
+    turn_texts: list[str] = field(default_factory=list)  # what the caller said, per turn
     keypad_turns_s: list[float] = field(default_factory=list)  # last key -> reply
     dead_air_s: list[float] = field(default_factory=list)
     barge_ins_s: list[float | None] = field(default_factory=list)  # None: kept talking
@@ -153,6 +154,7 @@ def call_figures(
         lat = turn_latency(heard, t.end, until)
         if lat is not None:
             f.turns_s.append(lat)
+            f.turn_texts.append(step.text or step.kind)
         f.overlap_s += len(heard.loud_between(t.onset, t.end)) * FRAME_S
         if step.barge_in:
             r = barge_in_reaction(heard, t.onset, t.end, math.inf)
