@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--rtp-ports", metavar="LOW-HIGH", help="override rtp.ports")
     run.add_argument("--max-calls", metavar="N", type=int, help="override sip.max_calls")
     run.add_argument("--http", metavar="HOST:PORT", help="override http.listen ('off': none)")
+    run.add_argument(
+        "--metrics", metavar="HOST:PORT", help="override metrics.listen ('off': none; port 0: any)"
+    )
     run.add_argument("-v", "--verbose", action="store_true", help="log every call")
     status = sub.add_parser("status", help="show a running bridge's calls and registrations")
     status.add_argument("--config", default=None, help=f"the {_LOOKUP_HELP}")
@@ -111,7 +114,7 @@ async def run_call(args: argparse.Namespace) -> int:
 def _load(args: argparse.Namespace, choice: ConfigChoice) -> BridgeConfig:
     return load_config(choice.path).with_overrides(
         listen=args.listen, agent=args.agent, rtp_ports=args.rtp_ports, max_calls=args.max_calls,
-        http=args.http,
+        http=args.http, metrics=args.metrics,
     )  # fmt: skip
 
 
@@ -154,6 +157,10 @@ async def _serve(args: argparse.Namespace, choice: ConfigChoice, config: BridgeC
     host = config.sip.listen_host
     where = f"[{host}]:{server.port}" if ":" in host else f"{host}:{server.port}"
     say(f"sip-bridge {__version__} listening on {transports} {where}")
+    scrape = server.telemetry.http
+    if scrape is not None:  # the port it really got (--metrics HOST:0)
+        h = f"[{scrape.host}]" if ":" in scrape.host else scrape.host
+        say(f"metrics: http://{h}:{scrape.port}/metrics")
     say(f"dial {server.uri} (agent: {config.agent.name}); Ctrl-C to stop")
     sock = config.control.socket_path(server.port)
     say(f"status: sip-bridge status --socket {sock}")

@@ -10,8 +10,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from testkit.sipp_media import random_port_range
@@ -33,21 +33,26 @@ class RunningBridge:
     port: int
     data: Path  # $SIP_BRIDGE_DATA: the call records are in data / "calls.sqlite"
     proc: subprocess.Popen[str]
+    banner: list[str] = field(default_factory=list)  # its start lines up to "dial ..."
 
 
 @contextlib.contextmanager
 def shipped_bridge(
-    data: Path, start_timeout_s: float = 120.0, config: Path = ROOT / "config" / "bridge.toml"
+    data: Path,
+    start_timeout_s: float = 120.0,
+    config: Path = ROOT / "config" / "bridge.toml",
+    args: Sequence[str] = (),
 ) -> Iterator[RunningBridge]:
     """``sip-bridge run --config config/bridge.toml`` (or ``config``) on a free SIP port and
-    a random RTP range, records in ``data``; stopped (SIGINT) on exit."""
+    a random RTP range, records in ``data``; stopped (SIGINT) on exit. ``args``: more
+    options of ``sip-bridge run`` (``--max-calls 40``, ``--metrics 127.0.0.1:0``)."""
     low, high = random_port_range(200, 30000, 39000)
     data.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, SIP_BRIDGE_DATA=str(data))
     cmd = [
         sys.executable, "-m", "sip_bridge.cli", "run",
         "--config", str(config),
-        "--listen", "127.0.0.1:0", "--rtp-ports", f"{low}-{high}", "--http", "off",
+        "--listen", "127.0.0.1:0", "--rtp-ports", f"{low}-{high}", "--http", "off", *args,
     ]  # fmt: skip
     log = (data / "bridge.log").open("w")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=ROOT, env=env)
@@ -55,15 +60,17 @@ def shipped_bridge(
         assert proc.stdout is not None
         deadline = time.monotonic() + start_timeout_s
         uri = ""
+        banner: list[str] = []
         while time.monotonic() < deadline and not uri:
             line = proc.stdout.readline()
             if not line:
                 break
+            banner.append(line.rstrip("\n"))
             m = re.search(r"dial (sip:\S+@127\.0\.0\.1:(\d+))", line)
             if m:
                 uri = m.group(1)
         assert uri, f"the bridge did not start: {(data / 'bridge.log').read_text()[-2000:]}"
-        yield RunningBridge(uri, int(uri.rsplit(":", 1)[1]), data, proc)
+        yield RunningBridge(uri, int(uri.rsplit(":", 1)[1]), data, proc, banner)
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)

@@ -118,6 +118,11 @@ def test_command_line_overrides_are_validated() -> None:
         BridgeConfig().with_overrides(rtp_ports="5-6")
     with pytest.raises(ConfigError, match="--agent"):
         BridgeConfig().with_overrides(agent="nobody")
+    assert BridgeConfig().with_overrides(metrics="127.0.0.1:0").metrics.listen == "127.0.0.1:0"
+    on = BridgeConfig().with_overrides(metrics="127.0.0.1:9464")
+    assert on.with_overrides(metrics="off").metrics.listen == ""
+    with pytest.raises(ConfigError, match="--metrics"):
+        BridgeConfig().with_overrides(metrics="9464")
 
 
 def test_line_check_agents_from_the_file(tmp_path: Path) -> None:

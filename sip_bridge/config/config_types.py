@@ -409,11 +409,17 @@ class BridgeConfig:
         rtp_ports: str | None = None,
         max_calls: int | None = None,
         http: str | None = None,
+        metrics: str | None = None,
     ) -> BridgeConfig:
         """Command-line overrides, validated like the file ("<command line>" in errors);
-        ``http="off"`` turns the web server off."""
+        ``http="off"`` turns the web server off, ``metrics="off"`` the metrics endpoint."""
         cfg = self
         where = "<command line>"
+        if metrics is not None:
+            if metrics != "off":
+                _check_hostport(metrics, where, None, "--metrics")
+            scrape = "" if metrics == "off" else metrics
+            cfg = replace(cfg, metrics=replace(cfg.metrics, listen=scrape))
         if http is not None:
             if http != "off":
                 _check_hostport(http, where, None, "--http")

@@ -1,0 +1,101 @@
+"""bench/agent_load.py: its figures from what a caller heard, and the whole bench on real
+calls (the echo agent, so no speech models: seconds, not minutes)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.agent_load import LoadOptions, run_all
+from bench.load_caller import call_figures
+from sip_bridge.script.heard_audio import HeardAudio, Span
+from sip_bridge.script.script_actions import CallerTiming
+from sip_bridge.script.script_file import Speak, load_script
+
+FRAME = 160
+
+
+def _tone(loud: bool) -> np.ndarray:
+    t = np.arange(FRAME) / 8000
+    return (8000 * np.sin(2 * np.pi * 1000 * t) * loud).astype(np.int16)
+
+
+def test_figures_of_a_call_from_what_the_caller_heard() -> None:
+    """The agent talks 0.2-1.3 s, the caller talks over it from 1.0 to 2.0 s (a barge-in),
+    the agent stopped at 1.3 s and answers at 2.4 s: a 0.3 s reaction, a 0.4 s turn, and
+    two waits (0.2 s for the greeting, 0.4 s for the answer)."""
+    heard = HeardAudio()
+    for k in range(250):  # 5 s of packets, every 20 ms
+        t = k * 0.02
+        heard.add(t, _tone(0.2 <= t < 1.3 - 1e-9 or 2.4 - 1e-9 <= t < 3.4 - 1e-9))
+    step = Speak(index=1, line=None, note="", text="stop", barge_in=True)
+    sent = [(step, CallerTiming(start=0.98, onset=1.0, end=2.0, done=2.02))]
+    spans = [Span(0.0, 0.2), Span(2.0, 3.4)]
+    f = call_figures(heard, sent, spans, talk_s=1.0, t0=0.0, t_end=5.0)
+    assert f.turns_s == [pytest.approx(0.4, abs=0.021)]
+    assert f.barge_ins_s == [pytest.approx(0.3, abs=0.021)]
+    assert f.barge_in_not_talking == 0
+    assert sorted(f.dead_air_s) == [pytest.approx(0.2, abs=0.021), pytest.approx(0.4, abs=0.021)]
+    assert f.overlap_s == pytest.approx(0.3, abs=0.021)
+    assert f.listen_s == pytest.approx(2.1, abs=0.041)
+    assert (f.rx_frames, f.rx_expected, f.rx_gaps_s) == (250, 250, [])
+
+
+SCRIPT = """
+[script]
+name = "load-echo"
+description = "Two questions, each heard back from the echo agent, then hang up."
+
+[[step]]
+say = "What are your opening hours?"
+
+[[step]]
+expect = "."
+quiet_ms = 400
+
+[[step]]
+say = "Where is my order?"
+
+[[step]]
+expect = "."
+quiet_ms = 400
+
+[[step]]
+hangup = true
+"""
+
+
+def test_the_bench_places_real_calls_and_measures_the_bridge_process(tmp_path: Path) -> None:
+    """`sip-bridge run` with the echo agent (2 s late: each question comes back after the
+    caller stopped, a turn), one caller for 6 s after a warm-up call."""
+    config = tmp_path / "bridge.toml"
+    config.write_text('[agent]\nname = "echo"\n[agent.echo]\ndelay_s = 2.0\n')
+    (tmp_path / "echo_questions.toml").write_text(SCRIPT)
+    scripts = [load_script(tmp_path / "echo_questions.toml")]
+    opts = LoadOptions(minutes=0.1, config=config, ramp_s=0.0, gap_s=(0.5, 1.0))
+    result = asyncio.run(run_all([1], scripts, opts))
+    assert result["utterances_prerendered"] == 2
+    (run,) = result["runs"]
+    assert run["warmup_call"] == "completed"
+    assert run["placed"] >= 1 and run["completed"] == run["placed"]
+    assert (run["failed"], run["refused"]) == (0, 0)
+    turns = run["turn_latency_ms"]
+    assert turns["n"] >= 2
+    # 2 s of echo delay minus the question (1-1.6 s), plus the bridge's buffers
+    assert 150 < turns["p50"] <= turns["p95"] <= turns["p99"] < 2500
+    assert 0 < run["dead_air_s"]["max"] < 2.5
+    assert run["barge_in_reaction_ms"]["n"] == 0  # the script has none
+    assert run["callers_received"]["frames"] > 100
+    assert run["bridge_media"]["frames_sent"] > 100
+    assert run["bridge_media"]["late_or_missing_pct"] is not None
+    assert run["cpu_pct"]["bridge_total"] > 0 and run["cpu_pct"]["bridge_per_call"] > 0
+    assert run["rss_mb"]["bridge_idle"] > 30
+    shares = run["shares"]
+    assert shares["talk"] > 0.1 and shares["listen"] > 0.1
+    total = shares["talk"] + shares["listen"] - shares["both"] + shares["pause"]
+    assert total == pytest.approx(1.0, abs=0.01)
+    counters = run["bridge_status"]["counters"]  # the bridge's own count, warm-up included
+    assert counters["established"] == run["placed"] + 1
