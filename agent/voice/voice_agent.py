@@ -87,6 +87,9 @@ WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not 
 PREROLL_TICKS = 10  # audio kept before the first speech frame (VAD onsets are late)
 OVER_ECHO_TICKS = 3  # speech ticks above our echo that make words over a reply's end
 UNHEARD_CARRY_TICKS = 100  # a turn the ASR made nothing of opens one begun within 2 s
+# a reply's next sentence is due this long before the audio made before it has played
+# out: time to synthesise it (a few hundred ms) behind other calls' urgent model work
+TTS_LEAD_S = 1.5
 UNHEARD_BACKCHANNEL_MS = 800  # speech since a hold the ASR made nothing of: a hum up to this
 
 
@@ -805,22 +808,41 @@ class VoiceAgent(Agent):
             deliver(first[0], None)
             deliver(*first)
 
+        pieces = self.models.speak(text, cancel, skip=int(first is not None))
+        executor = self.models.executor
+        submit_by = getattr(executor, "submit_by", None)  # a DeadlineExecutor's
+        # what this reply has made so far, and when its audio began: each next sentence is
+        # due TTS_LEAD_S before what came before it has played out
+        made = {"s": 0.0 if first is None else first[1].size / RATE}
+        began = {"t": time.monotonic() if first is not None else 0.0}
+
         def work() -> None:
-            pieces = self.models.speak(text, cancel, skip=int(first is not None))
+            """One sentence (start and audio), then the rest as a job of its own, due when
+            the caller would otherwise run out of audio (see DeadlineExecutor)."""
+            going_on = False
             try:
                 while True:
                     with self.guard.watch("tts"):  # one sentence's synthesis: one model run
                         item = next(pieces, None)
                     if item is None:
-                        break
+                        return
                     sentence, pcm = item
-                    if timing is not None and not timing.tts_first and pcm is not None:
-                        timing.tts_first = time.monotonic()
+                    if pcm is not None:
+                        now = time.monotonic()
+                        if timing is not None and not timing.tts_first:
+                            timing.tts_first = now
+                        began["t"] = began["t"] or now
+                        made["s"] += pcm.size / RATE
                     loop.call_soon_threadsafe(deliver, sentence, pcm)
+                    if pcm is not None and submit_by is not None:
+                        submit_by(began["t"] + made["s"] - TTS_LEAD_S, work)
+                        going_on = True
+                        return
             finally:
-                loop.call_soon_threadsafe(_resolve, done)
+                if not going_on:
+                    loop.call_soon_threadsafe(_resolve, done)
 
-        self.models.executor.submit(work)
+        executor.submit(work)
         await done
 
     async def _wait_drained(self, gen: int) -> None:
