@@ -219,15 +219,13 @@ class BridgeListener:
     """The bridge's receive path into a voice agent, one call per clip (see the module)."""
 
     config: BridgeConfig
-    codec: str = "PCMU"
+    codec: str = "PCMU"  # the caller's G.711 law, PCMU or PCMA (may change between calls)
     models: VoiceModels = field(init=False)
     profile: AgentProfile = field(init=False)
     _pool: _Settling = field(init=False)
     _calls: int = 0
 
     def __post_init__(self) -> None:
-        if self.codec not in PAYLOAD_TYPES:
-            raise ValueError(f"codec {self.codec!r}: PCMU or PCMA")
         demo = load_profile(Path(self.config.agent.voice_profile))
         self.profile = listening_profile(demo)
         self.models = VoiceModels(self.config.models, length_scale=demo.voice.length_scale)
@@ -263,6 +261,8 @@ class BridgeListener:
 
     async def hear(self, pcm8k: NDArray[np.int16]) -> Heard:
         """One call: what the agent's turns say the caller said."""
+        if self.codec not in PAYLOAD_TYPES:
+            raise ValueError(f"codec {self.codec!r}: PCMU or PCMA")
         self._calls += 1
         j = self.config.jitter
         jb = JitterBuffer(RATE, 20, j.min_delay_ms, j.max_delay_ms, follows_due=True)
