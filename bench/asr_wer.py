@@ -335,6 +335,23 @@ class _Tally:
         } | bridge  # fmt: skip
 
 
+def by_folder(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """WER by the package's folders: "prompts" (the top level: phrases and sentences),
+    "digits", "letters", "phonetic" (one word each), "dictate", "followme"."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        folder, _, _ = r["name"].rpartition("/")
+        groups.setdefault(folder or "prompts", []).append(r)
+    out: dict[str, dict[str, Any]] = {}
+    for name, rs in sorted(groups.items()):
+        words = sum(r["words"] for r in rs)
+        out[name] = {"clips": len(rs), "words": words} | {
+            f"{cond}_wer_pct": round(100 * sum(r[cond]["errors"] for r in rs) / words, 2)
+            for cond in ("clean", "bridge")
+        }
+    return out
+
+
 def _timed(fn: Callable[[], T]) -> tuple[T, float, float]:
     w, c = time.monotonic(), time.process_time()
     out = fn()
@@ -368,7 +385,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             tallies["bridge"].add(e, bridged.text, time.monotonic() - w, time.process_time() - c)
             tallies["bridge"].turns += bridged.turns
             tallies["bridge"].unanswered += not bridged.answered
-            row["bridge"] = {"heard": bridged.text, "errors": e.errors, "turns": bridged.turns}
+            row["bridge"] = {"heard": bridged.text, "errors": e.errors, "turns": bridged.turns,
+                             "answered": bridged.answered}  # fmt: skip
             rows.append(row | {"words": len(ref)})
             audio_s += p.seconds
             if args.progress:
@@ -397,6 +415,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "seed": args.seed,
         "bridge_path": listener.stages(),
         "conditions": {k: t.figures(audio_s) for k, t in tallies.items()},
+        "by_folder": by_folder(rows),
         "worst": {k: worst(k) for k in tallies},
         "model_load_s": round(load_s, 1),
         "cpus": os.cpu_count(),

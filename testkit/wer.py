@@ -5,8 +5,9 @@ where the reference says "one", "#" for "pound" or "fifteenth" for "15th": the a
 word rule (:func:`agent.words.normalize`: lower case, no punctuation), then every run of
 spoken or written numbers as its digits (:func:`agent.dialogue.spoken_numbers.digit_runs`:
 "one two three", "1 2 3" and "123" are all "123"; "twenty eight" is "28"), ordinals as
-digits with their suffix ("fifteenth", "15th"), and the keypad's symbols as the words a
-prompt says for them.
+digits with their suffix ("fifteenth", "15th"), hyphenated words as one ("Good-bye" is
+"goodbye"), the keypad's symbols as the words a prompt says for them, and notes in
+brackets (``[beep]``, ``(10 seconds of silence)``, ``<beep>``) as no words at all.
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ __all__ = ["WordErrors", "wer_words", "word_errors"]
 
 _SYMBOLS = {"*": " star ", "#": " pound ", "%": " percent ", "&": " and ", "+": " plus "}
 _DECIMAL = re.compile(r"(\d)\.(\d)")  # "28.8" is said "twenty eight point eight"
-_BRACKETS = re.compile(r"\[[^\]]*\]")  # "[ascending tones]": a note, not words
+# "[ascending tones]", "(10 seconds of silence)", "<beep ascending>": notes, not words
+_NOTES = re.compile(r"\[[^\]]*\]|\([^)]*\)|<[^>]*>")
+_HYPHENATED = re.compile(r"\b[A-Za-z]+(?:-[A-Za-z]+)+\b")
 _ORDINAL_DIGITS = re.compile(r"^(\d+)(st|nd|rd|th)$")
 _ORDINALS = {"first": 1, "second": 2, "third": 3, "fourth": 4, "fifth": 5, "sixth": 6}
 _ORDINALS |= {"seventh": 7, "eighth": 8, "ninth": 9, "tenth": 10, "eleventh": 11}
@@ -48,9 +51,16 @@ def _is_number(words: Sequence[str], i: int) -> bool:
     return w.isdigit() or (w not in ("oh", "o") and bool(digit_runs([w])))
 
 
+def _compound(m: re.Match[str]) -> str:
+    """ "Good-bye" is "goodbye", "X-ray" "xray"; "twenty-one" stays two number words."""
+    parts = m.group(0).split("-")
+    return " ".join(parts) if any(digit_runs([p.lower()]) for p in parts) else "".join(parts)
+
+
 def wer_words(text: str) -> tuple[str, ...]:
     """The words of ``text`` as the word error rate compares them (see the module)."""
-    text = _BRACKETS.sub(" ", text)
+    text = _NOTES.sub(" ", text)
+    text = _HYPHENATED.sub(_compound, text)
     text = _DECIMAL.sub(r"\1 point \2", text)
     for symbol, word in _SYMBOLS.items():
         text = text.replace(symbol, word)

@@ -58,12 +58,15 @@ def test_words_compare_as_said() -> None:
         ("a 28.8 kilobit modem", "a twenty eight point eight kilobit modem"),
         ("What's that?", "whats that"),
         ("[beep] Goodbye", "goodbye"),
+        ("Goodbye! (simple tone sound plays)", "Good-bye."),
+        ("an xray", "an X-ray"),
     ]
     for ref, hyp in same:
         assert wer_words(ref) == wer_words(hyp), (ref, hyp)
     assert wer_words("five hundred") == ("500",)
     assert wer_words("a hundred") == ("a", "hundred")  # "hundred" alone is a word
-    assert wer_words("[ascending tones]") == ()
+    for note in ("[ascending tones]", "(10 seconds of silence)", "<beep ascending>"):
+        assert wer_words(note) == ()
     assert wer_words("press 4") != wer_words("press for")  # a homophone is an error
 
 
