@@ -835,7 +835,10 @@ class VoiceAgent(Agent):
                         made["s"] += pcm.size / RATE
                     loop.call_soon_threadsafe(deliver, sentence, pcm)
                     if pcm is not None and submit_by is not None:
-                        submit_by(began["t"] + made["s"] - TTS_LEAD_S, work)
+                        # never due before now: work queued before it (a held reply's
+                        # probe, another caller's turn) is not overtaken
+                        due = max(time.monotonic(), began["t"] + made["s"] - TTS_LEAD_S)
+                        submit_by(due, work)
                         going_on = True
                         return
             finally:
