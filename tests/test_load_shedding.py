@@ -14,12 +14,11 @@ import asyncio
 import json
 from pathlib import Path
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.control import format_status
 from sip_bridge.script.caller import CallOptions, CallResult, place_call
 from sip_bridge.server import BridgeServer
+from testkit.http_probe import http_get, metric_sample
 from testkit.sipp_media import tone, write_wav
 from testkit.slow_turns import SlowTurnsAgent
 
@@ -47,23 +46,6 @@ window_s = 60
 """
 
 
-async def _get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode())
-    data = await asyncio.wait_for(reader.read(), 5)
-    writer.close()
-    head, _, body = data.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
-
-
-def _sample(body: str, name: str) -> float:
-    for family in text_string_to_metric_families(body):
-        for s in family.samples:
-            if s.name == name:
-                return float(s.value)
-    raise AssertionError(f"no {name}")
-
-
 def test_a_node_over_budget_refuses_new_calls_and_shows_why(tmp_path: Path) -> None:
     f = tmp_path / "bridge.toml"
     f.write_text(CONFIG)
@@ -79,7 +61,7 @@ def test_a_node_over_budget_refuses_new_calls_and_shows_why(tmp_path: Path) -> N
         metrics_port = server.telemetry.http.port
         uri = f"sip:+4420555@127.0.0.1:{server.port}"
         try:
-            assert await _get(metrics_port, "/healthz") == (200, "ok\n")
+            assert await http_get(metrics_port, "/healthz") == (200, "ok\n")
             assert server.load_status()["shedding"] is False
             first = asyncio.ensure_future(place_call(CallOptions(
                 uri, play, tmp_path / "first.wav", duration_s=3.0, rtp_ports=(45500, 45549),
@@ -96,14 +78,14 @@ def test_a_node_over_budget_refuses_new_calls_and_shows_why(tmp_path: Path) -> N
             assert not second.answered and second.status == 503, second
             assert server.ua is not None and server.ua.shed_count == 1
 
-            code, text = await _get(metrics_port, "/healthz")
+            code, text = await http_get(metrics_port, "/healthz")
             assert (code, text) == (503, "overloaded\n")
-            code, body = await _get(metrics_port, "/metrics")
+            code, body = await http_get(metrics_port, "/metrics")
             assert code == 200
-            assert _sample(body, "sipbridge_load_shedding") == 1
-            assert _sample(body, "sipbridge_calls_shed_total") == 1
-            assert _sample(body, "sipbridge_turn_latency_window_p95_seconds") == 1.5
-            assert _sample(body, "sipbridge_headroom_ratio") < 0
+            assert metric_sample(body, "sipbridge_load_shedding") == 1
+            assert metric_sample(body, "sipbridge_calls_shed_total") == 1
+            assert metric_sample(body, "sipbridge_turn_latency_window_p95_seconds") == 1.5
+            assert metric_sample(body, "sipbridge_headroom_ratio") < 0
 
             status = server.status()
             load = status["load"]
@@ -113,7 +95,7 @@ def test_a_node_over_budget_refuses_new_calls_and_shows_why(tmp_path: Path) -> N
             assert "SHEDDING: new calls get 503 (turn p95 1500 ms > 900 ms)" in shown
             assert "refused 1" in shown
 
-            code, text = await _get(server.web.port, "/api/calls")
+            code, text = await http_get(server.web.port, "/api/calls")
             api = json.loads(text)
             assert api["load"]["shedding"] is True and len(api["calls"]) == 1
 

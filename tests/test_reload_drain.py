@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.records import CallRecords
@@ -23,6 +22,7 @@ from sip_bridge.ops.records_cli import main as calls_main
 from sip_bridge.ops.reload import ConfigWatcher, keep_bound, reload_bridge, watched_files
 from sip_bridge.script.caller import CallOptions, place_call
 from sip_bridge.server import BridgeServer
+from testkit.http_probe import http_get, metric_sample
 from testkit.sipp_media import tone, write_wav
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,23 +143,6 @@ def test_reload_applies_to_new_calls_and_refuses_a_broken_edit(tmp_path: Path) -
     asyncio.run(main())
 
 
-async def _get(port: int, path: str) -> tuple[int, str]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
-    data = await asyncio.wait_for(reader.read(), 5)
-    writer.close()
-    head, _, body = data.decode().partition("\r\n\r\n")
-    return int(head.split()[1]), body
-
-
-def _sample(body: str, name: str, **labels: str) -> float:
-    for family in text_string_to_metric_families(body):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    raise AssertionError(f"no {name} {labels}")
-
-
 def test_calls_are_recorded_and_counted(tmp_path: Path) -> None:
     f = tmp_path / "bridge.toml"
     f.write_text(CONFIG.format(port=0, agent="echo") + '[metrics]\nlisten = "127.0.0.1:0"\n')
@@ -171,7 +154,7 @@ def test_calls_are_recorded_and_counted(tmp_path: Path) -> None:
         assert server.telemetry.http is not None
         port = server.telemetry.http.port
         try:
-            assert await _get(port, "/healthz") == (200, "ok\n")
+            assert await http_get(port, "/healthz") == (200, "ok\n")
             result = await place_call(CallOptions(
                 f"sip:+4420555@127.0.0.1:{server.port}", play, tmp_path / "heard.wav",
                 duration_s=1.5, rtp_ports=(45300, 45399),
@@ -181,13 +164,13 @@ def test_calls_are_recorded_and_counted(tmp_path: Path) -> None:
                 if not server.calls:
                     break
                 await asyncio.sleep(0.05)
-            status, body = await _get(port, "/metrics")
+            status, body = await http_get(port, "/metrics")
             assert status == 200
-            assert _sample(body, "sipbridge_calls_total", outcome="answered") == 1
-            assert _sample(body, "sipbridge_call_setup_seconds_count") == 1
-            assert _sample(body, "sipbridge_active_calls") == 0
-            assert _sample(body, "sipbridge_frames_sent_total") >= 50
-            assert _sample(body, "sipbridge_media_path_info", mode=server.media_path) == 1
+            assert metric_sample(body, "sipbridge_calls_total", outcome="answered") == 1
+            assert metric_sample(body, "sipbridge_call_setup_seconds_count") == 1
+            assert metric_sample(body, "sipbridge_active_calls") == 0
+            assert metric_sample(body, "sipbridge_frames_sent_total") >= 50
+            assert metric_sample(body, "sipbridge_media_path_info", mode=server.media_path) == 1
         finally:
             await server.stop()
         return str(tmp_path / "calls.sqlite")
