@@ -270,7 +270,7 @@ class BridgeServer:
         if self.ua is not None:
             self.ua.shedding = self.headroom.shedding
             shed = self.ua.shed_count
-        self.telemetry.load(self.headroom.figures(now), shed)
+        self.telemetry.load(self.headroom.latest, shed)
 
     def load_status(self) -> dict[str, Any]:
         """The node's headroom for status and the console: figures, budgets, refusals."""
@@ -428,7 +428,7 @@ class BridgeServer:
             return
         self._handle(events)
         if ua.shed_count != shed:  # a new call refused for load: counted at once
-            self.telemetry.load(self.headroom.figures(now), ua.shed_count)
+            self.telemetry.load(self.headroom.latest, ua.shed_count)
 
     def _tick(self) -> None:
         self._timer = None

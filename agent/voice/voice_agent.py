@@ -811,14 +811,15 @@ class VoiceAgent(Agent):
         pieces = self.models.speak(text, cancel, skip=int(first is not None))
         executor = self.models.executor
         submit_by = getattr(executor, "submit_by", None)  # a DeadlineExecutor's
-        # what this reply has made so far, and when its audio began: each next sentence is
+        # the audio this reply has made so far, and when it began: each next sentence is
         # due TTS_LEAD_S before what came before it has played out
-        made = {"s": 0.0 if first is None else first[1].size / RATE}
-        began = {"t": time.monotonic() if first is not None else 0.0}
+        made_s = 0.0 if first is None else first[1].size / RATE
+        began = time.monotonic() if first is not None else 0.0
 
         def work() -> None:
             """One sentence (start and audio), then the rest as a job of its own, due when
             the caller would otherwise run out of audio (see DeadlineExecutor)."""
+            nonlocal made_s, began
             going_on = False
             try:
                 while True:
@@ -827,18 +828,19 @@ class VoiceAgent(Agent):
                     if item is None:
                         return
                     sentence, pcm = item
-                    if pcm is not None:
-                        now = time.monotonic()
-                        if timing is not None and not timing.tts_first:
-                            timing.tts_first = now
-                        began["t"] = began["t"] or now
-                        made["s"] += pcm.size / RATE
+                    if pcm is None:  # a sentence starts
+                        loop.call_soon_threadsafe(deliver, sentence, pcm)
+                        continue
+                    now = time.monotonic()
+                    if timing is not None and not timing.tts_first:
+                        timing.tts_first = now
+                    began = began or now
+                    made_s += pcm.size / RATE
                     loop.call_soon_threadsafe(deliver, sentence, pcm)
-                    if pcm is not None and submit_by is not None:
+                    if submit_by is not None:
                         # never due before now: work queued before it (a held reply's
                         # probe, another caller's turn) is not overtaken
-                        due = max(time.monotonic(), began["t"] + made["s"] - TTS_LEAD_S)
-                        submit_by(due, work)
+                        submit_by(max(now, began + made_s - TTS_LEAD_S), work)
                         going_on = True
                         return
             finally:

@@ -79,6 +79,7 @@ class Headroom:
         self.over_budget = False
         self._since = -math.inf  # when shedding last started
         self.reason = ""
+        self.latest = self._figures(None, None)  # as the last update() found them
 
     @property
     def shedding(self) -> bool:
@@ -133,12 +134,16 @@ class Headroom:
                 log.warning("load: over budget (%s): new calls get 503", self.reason)
             else:
                 log.warning("load: back under budget: taking new calls")
+        self.latest = self._figures(turn_p95, busy)
         return self.shedding != was
 
     def figures(self, now: float) -> HeadroomFigures:
+        """The figures now (:attr:`latest` is those of the last decision)."""
         self._expire(now)
+        return self._figures(self._turn_p95(), self._cpu_busy())
+
+    def _figures(self, turn_p95: float | None, busy: float | None) -> HeadroomFigures:
         c = self.config
-        turn_p95, busy = self._turn_p95(), self._cpu_busy()
         used = max(
             (turn_p95 or 0.0) / c.turn_p95_ms,
             (busy or 0.0) / c.cpu_pct,
