@@ -47,7 +47,7 @@ import threading
 import time
 import wave
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, NamedTuple, ParamSpec, TypeVar
@@ -58,7 +58,6 @@ from numpy.typing import NDArray
 from agent.base import CallInfo, TurnCompleted
 from agent.dialogue.profile import AgentProfile, parse_template
 from agent.dialogue.profile_loader import load_profile
-from agent.voice.deadline_executor import DeadlineExecutor
 from agent.voice.voice_agent import VoiceAgent
 from agent.voice.voice_models import VoiceModels
 from jitter import JitterBuffer
@@ -165,7 +164,7 @@ def heard_clean(models: VoiceModels, pcm8k: NDArray[np.int16]) -> str:
     return str(models.asr.transcribe(np.concatenate([up.process(pcm8k), up.flush()])))
 
 
-class _Settling(DeadlineExecutor):
+class _Settling(ThreadPoolExecutor):
     """The models' executor, which knows what it has not finished (see :meth:`settle`)."""
 
     def __init__(self, workers: int) -> None:
@@ -173,10 +172,8 @@ class _Settling(DeadlineExecutor):
         self._lock = threading.Lock()
         self._running: set[Future[Any]] = set()
 
-    def submit_by(
-        self, deadline: float, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs
-    ) -> Future[T]:
-        fut = super().submit_by(deadline, fn, *args, **kwargs)
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        fut = super().submit(fn, *args, **kwargs)
         with self._lock:
             self._running.add(fut)
         fut.add_done_callback(self._done)

@@ -240,7 +240,7 @@ def queue_probes(server: BridgeServer, agent: VoiceAgent) -> dict[str, Callable[
         "vad_backlog_windows": lambda: agent._vad._stream.pending,
         "asr_open_s": lambda: agent._stt.open_seconds,
         "asr_segments_waiting": lambda: len(agent._stt._done),
-        "model_jobs_queued": lambda: agent.models.executor.queued(),
+        "model_jobs_queued": lambda: agent.models.executor._work_queue.qsize(),
         "agent_tasks": lambda: len(agent._tasks),
     }
 

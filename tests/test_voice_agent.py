@@ -15,7 +15,7 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -39,7 +39,6 @@ from agent.base import (
 from agent.dialogue.profile import Filler
 from agent.dialogue.profile_loader import load_profile
 from agent.dialogue.sentences import split_sentences
-from agent.voice.deadline_executor import DeadlineExecutor
 from agent.voice.voice_agent import VoiceAgent, VoiceSettings
 from agent.voice.voice_models import FIRST_WORDS
 from sip_bridge.media.call_media import CallMedia, MediaParams
@@ -98,7 +97,7 @@ class FakeModels:
         # a whole clip's text (what a held reply's probe asks): the next canned text
         self.asr = SimpleNamespace(transcribe=self._transcribe)
         self.clips: list[int] = []  # samples of each clip transcribed whole
-        self.executor = DeadlineExecutor(1)  # as VoiceModels: a reply sentence by sentence
+        self.executor = ThreadPoolExecutor(1)
         self.asr_texts: deque[str] = deque()
         self.finish_futures: deque[Future[str]] = deque()
         self.spoken: list[str] = []  # texts given to speak()
@@ -432,33 +431,6 @@ async def test_barge_in_cuts_the_reply_and_keeps_the_callers_words() -> None:
         assert c.out.flushes == [30 + BARGE_TICKS]
         await c.drain()
         assert c.transcript[1:] == [("caller", "when are you open"), ("agent", HOURS)]
-
-
-@pytest.mark.parametrize("lead_s", [0.0, 60.0])
-@aio
-async def test_a_callers_urgent_model_work_goes_between_the_sentences_of_another_reply(
-    monkeypatch: pytest.MonkeyPatch, lead_s: float
-) -> None:
-    """A reply is synthesised a sentence per model job, each next one due TTS_LEAD_S before
-    the audio made so far runs out, but never before it is queued (DeadlineExecutor). Work
-    another caller waits for now, queued while a sentence is made, runs before the reply's
-    next sentence: when that one is not yet due (lead 0: due when the first sentence's
-    audio ends), and also when it is (a lead longer than the sentence): it was queued
-    later, and a held reply's probe or another caller's turn is never overtaken."""
-    monkeypatch.setattr(voice_module, "TTS_LEAD_S", lead_s)
-    c = Call(no_backchannels(), greeted=False)
-    c.models.hold = {GREETING[0]}
-    order: list[str] = []
-    async with c:
-        await c.until(lambda: c.models.holding == 1, "the greeting's first sentence")
-        urgent = c.models.executor.submit(
-            lambda: order.append("urgent" if len(c.models.produced) == 1 else "next sentence")
-        )
-        c.models.release.set()
-        await c.until(lambda: urgent.done() and c.models.finished == 1, "the greeting's TTS")
-        assert order == ["urgent"]
-        assert c.models.produced == GREETING  # every sentence still made, in order
-        await c.until(lambda: len(c.out.writes) == len(GREETING), "every sentence written")
 
 
 @aio

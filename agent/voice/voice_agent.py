@@ -87,9 +87,6 @@ WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not 
 PREROLL_TICKS = 10  # audio kept before the first speech frame (VAD onsets are late)
 OVER_ECHO_TICKS = 3  # speech ticks above our echo that make words over a reply's end
 UNHEARD_CARRY_TICKS = 100  # a turn the ASR made nothing of opens one begun within 2 s
-# a reply's next sentence is due this long before the audio made before it has played
-# out: time to synthesise it (a few hundred ms) behind other calls' urgent model work
-TTS_LEAD_S = 1.5
 UNHEARD_BACKCHANNEL_MS = 800  # speech since a hold the ASR made nothing of: a hum up to this
 
 
@@ -808,46 +805,22 @@ class VoiceAgent(Agent):
             deliver(first[0], None)
             deliver(*first)
 
-        pieces = self.models.speak(text, cancel, skip=int(first is not None))
-        executor = self.models.executor
-        submit_by = getattr(executor, "submit_by", None)  # a DeadlineExecutor's
-        # the audio this reply has made so far, and when it began: each next sentence is
-        # due TTS_LEAD_S before what came before it has played out
-        made_s = 0.0 if first is None else first[1].size / RATE
-        began = time.monotonic() if first is not None else 0.0
-
         def work() -> None:
-            """One sentence (start and audio), then the rest as a job of its own, due when
-            the caller would otherwise run out of audio (see DeadlineExecutor)."""
-            nonlocal made_s, began
-            going_on = False
+            pieces = self.models.speak(text, cancel, skip=int(first is not None))
             try:
                 while True:
                     with self.guard.watch("tts"):  # one sentence's synthesis: one model run
                         item = next(pieces, None)
                     if item is None:
-                        return
+                        break
                     sentence, pcm = item
-                    if pcm is None:  # a sentence starts
-                        loop.call_soon_threadsafe(deliver, sentence, pcm)
-                        continue
-                    now = time.monotonic()
-                    if timing is not None and not timing.tts_first:
-                        timing.tts_first = now
-                    began = began or now
-                    made_s += pcm.size / RATE
+                    if timing is not None and not timing.tts_first and pcm is not None:
+                        timing.tts_first = time.monotonic()
                     loop.call_soon_threadsafe(deliver, sentence, pcm)
-                    if submit_by is not None:
-                        # never due before now: work queued before it (a held reply's
-                        # probe, another caller's turn) is not overtaken
-                        submit_by(max(now, began + made_s - TTS_LEAD_S), work)
-                        going_on = True
-                        return
             finally:
-                if not going_on:
-                    loop.call_soon_threadsafe(_resolve, done)
+                loop.call_soon_threadsafe(_resolve, done)
 
-        executor.submit(work)
+        self.models.executor.submit(work)
         await done
 
     async def _wait_drained(self, gen: int) -> None:

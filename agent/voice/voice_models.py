@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import cast
 
 import numpy as np
@@ -20,7 +20,6 @@ from numpy.typing import NDArray
 
 from agent.dialogue.sentences import split_sentences
 from agent.voice.asr import IncrementalTranscriber, MoonshineAsr
-from agent.voice.deadline_executor import DeadlineExecutor
 from agent.voice.tts import PiperTts
 from agent.voice.turn import EndOfTurn, SmartTurn
 from agent.voice.vad import (
@@ -67,8 +66,7 @@ class VoiceModels:
         self.turn = turn or SmartTurn(threads=s.threads)
         self.asr = asr or MoonshineAsr(threads=s.threads, device=device)
         self.tts = tts or PiperTts(threads=s.threads, length_scale=length_scale, device=device)
-        # earliest deadline first: a reply's later sentences wait behind what callers wait for
-        self.executor = DeadlineExecutor(s.workers, thread_name_prefix="voice-model")
+        self.executor = ThreadPoolExecutor(s.workers, thread_name_prefix="voice-model")
         self._batcher: TickBatcher[VadRequest, VadResult] | None = (
             None  # made on the running loop, at first use
         )

@@ -86,8 +86,7 @@ MEANINGS: dict[str, str] = {
     "models.dir": "the model store; empty: `$SIP_BRIDGE_MODELS`, else ~/.cache/sip-bridge/models",
     "models.device": '`"auto"` (CUDA when there), `"cuda"` (refuse without) or `"cpu"`',
     "models.threads": "threads of each ASR, end-of-turn and TTS session, 1..64",
-    "models.workers": "model jobs of all calls running at once, 1..64; the job due first"
-    " runs first (a reply's later sentences are due just before the audio before them ends)",
+    "models.workers": "model jobs of all calls running at once, 1..64",
     "models.batch_vad": "one VAD run per tick for all calls",
     "inbound.rate_per_s": "INVITEs per second per source (not a trunk's); 0 = no limit",
     "inbound.burst": "INVITEs a source may send at once",
