@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from sip_bridge.agents import load_agent_models, prepare_agents
-from sip_bridge.config import load_config
+from sip_bridge.config.loader import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"

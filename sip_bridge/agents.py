@@ -24,8 +24,8 @@ from sip_bridge.config.loader import BridgeConfig, SpeechModelConfig
 
 if TYPE_CHECKING:
     from agent.dialogue.profile import AgentProfile
-    from agent.voice.phrase_cache import CacheStats, PhraseCache
     from agent.speech_to_speech import FrameBatcher
+    from agent.voice.phrase_cache import CacheStats, PhraseCache
     from agent.voice.voice_models import VoiceModels
     from model_runtime.sessions import Device
     from model_runtime.speech_to_speech import SpeechToSpeechModel

@@ -14,16 +14,16 @@ import pytest
 from numpy.typing import NDArray
 from prometheus_client.parser import text_string_to_metric_families
 
-from agent.voice.phrase_cache import PhraseCache, constant_pieces, profile_pieces, spoken_templates
 from agent.dialogue.profile import parse_template
 from agent.dialogue.profile_loader import load_profile
+from agent.voice.phrase_cache import PhraseCache, constant_pieces, profile_pieces, spoken_templates
 from agent.voice.voice_models import LINE_RATE, VoiceModels
 from agent.voice_settings import ModelSettings
 from resample import Resampler
 from sip_bridge import agents
-from sip_bridge.config import BridgeConfig
-from sip_bridge.config_types import AgentConfig
-from sip_bridge.metrics import BridgeMetrics
+from sip_bridge.config.config_types import AgentConfig
+from sip_bridge.config.loader import BridgeConfig
+from sip_bridge.ops.metrics import BridgeMetrics
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "agents" / "demo.toml"
