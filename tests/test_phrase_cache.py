@@ -49,12 +49,20 @@ class ToneVoice:
         pass
 
 
-def _models(voice: Any, cache: PhraseCache | None = None, max_bytes: int = 1 << 20) -> VoiceModels:
+def _models(
+    voice: Any,
+    cache: PhraseCache | None = None,
+    max_bytes: int = 1 << 20,
+    fixed: tuple[str, ...] = (),
+) -> VoiceModels:
+    """VoiceModels speaking with ``voice``; ``fixed``: pieces marked as fixed phrases."""
     stub = cast(Any, object())
-    return VoiceModels(
+    models = VoiceModels(
         ModelSettings(workers=1, tts_cache_bytes=max_bytes),
         vad=stub, turn=stub, asr=stub, tts=cast(Any, voice), cache=cache,
     )  # fmt: skip
+    models.fix(fixed)
+    return models
 
 
 def _pcm(n: int) -> NDArray[np.int16]:
@@ -127,20 +135,21 @@ def test_pieces_are_keyed_by_voice_speed_and_text() -> None:
     cache = PhraseCache(1 << 20)
     joe, joe_again = ToneVoice("joe"), ToneVoice("joe")
     slow, amy = ToneVoice("joe", length_scale=1.3), ToneVoice("amy")
-    first = _models(joe, cache).synthesize("Please hold.")
-    same = _models(joe_again, cache).synthesize("Please hold.")
+    fixed = ("Please hold.", "Please hold!")
+    first = _models(joe, cache, fixed=fixed).synthesize("Please hold.")
+    same = _models(joe_again, cache, fixed=fixed).synthesize("Please hold.")
     assert same is first and joe_again.said == []  # same voice, speed, text: not rendered
     for voice in (slow, amy):  # another speed, another voice: its own render
-        out = _models(voice, cache).synthesize("Please hold.")
+        out = _models(voice, cache, fixed=fixed).synthesize("Please hold.")
         assert voice.said == ["Please hold."] and out is not first
-    _models(joe, cache).synthesize("Please hold!")  # another text
+    _models(joe, cache, fixed=fixed).synthesize("Please hold!")  # another text
     assert joe.said == ["Please hold.", "Please hold!"]
     assert cache.stats().entries == 4
 
 
-def test_speak_reuses_pieces_said_before_and_each_is_what_synthesize_gives() -> None:
+def test_speak_reuses_fixed_pieces_and_each_is_what_synthesize_gives() -> None:
     voice = ToneVoice()
-    models = _models(voice)
+    models = _models(voice, fixed=("Anything else?", "Done."))
     text = "Order 1 2 3 4 5 shipped on Monday. Anything else?"
     first = list(models.speak(text, threading.Event()))
     rendered = list(voice.said)
@@ -153,13 +162,30 @@ def test_speak_reuses_pieces_said_before_and_each_is_what_synthesize_gives() -> 
             assert np.array_equal(pcm, models.synthesize(sentence))
 
 
+def test_a_piece_with_a_callers_value_is_rendered_for_its_call_and_kept_nowhere() -> None:
+    """Only fixed phrases are cached: a caller's name or number leaves memory with the
+    call's own audio, however often it is said."""
+    voice = ToneVoice()
+    models = _models(voice, fixed=("Anything else?",))
+    for _ in range(2):
+        list(models.speak("Booked for Bob Jones at 6 p.m. Anything else?", threading.Event()))
+    assert voice.said.count("Booked for Bob Jones at 6 p.m.") == 2
+    assert voice.said.count("Anything else?") == 1
+    key = (voice.voice_id, voice.length_scale)
+    assert (*key, "Anything else?") in models.cache
+    assert (*key, "Booked for Bob Jones at 6 p.m.") not in models.cache
+    assert models.cache.stats().entries == 1
+    assert not models.synthesize("Bob Jones.").flags.writeable  # read-only either way
+
+
 def test_pieces_join_in_silence_without_clicks() -> None:
     """Each piece is resampled on its own and flushed: it ends in exact silence (the TTS's
     pause outlasts the filter), so the next piece starts from the same silent state a
     continuous stream would be in; the whole reply keeps the stream's length within the
     filter's tail per piece."""
-    models = _models(ToneVoice())
     text = "Thanks for calling today. Your order shipped. Anything else?"
+    models = _models(ToneVoice())
+    models.fix(models.pieces(text))
     pieces = [pcm for _, pcm in models.speak(text, threading.Event()) if pcm is not None]
     for pcm in pieces:
         assert not np.any(pcm[-400:])  # the last 50 ms: zeros
@@ -183,9 +209,10 @@ def test_cached_audio_is_a_fresh_render_of_the_real_voice_sample_for_sample() ->
     from agent.voice.tts import PiperTts
 
     tts = PiperTts(threads=1)
-    cached = _models(tts)
-    fresh = _models(tts, max_bytes=0)  # no cache: every piece rendered now
-    for piece in ("Thanks for calling Acme Support.", "Please hold."):
+    fixed = ("Thanks for calling Acme Support.", "Please hold.")
+    cached = _models(tts, fixed=fixed)
+    fresh = _models(tts, max_bytes=0, fixed=fixed)  # no cache: every piece rendered now
+    for piece in fixed:
         a = cached.synthesize(piece)
         b = cached.synthesize(piece)
         assert b is a  # from the cache

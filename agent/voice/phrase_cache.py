@@ -4,8 +4,8 @@ of a profile to fill it with before the first call.
 Why: every call says the same greeting, slot prompts, fallbacks and closings, and Piper
 spends 40-100 ms of CPU per second of speech rendering them again (the greeting of the demo
 is 13 s of audio, about 0.5-1.3 s of CPU). The voice is deterministic (see
-:mod:`agent.tts`), so a piece's audio depends only on the voice, its speed and the text:
-that is the key. Audio is cached per piece (what :func:`agent.sentences.split_sentences`
+:mod:`agent.voice.tts`), so a piece's audio depends only on the voice, its speed and the text:
+that is the key. Audio is cached per piece (what :func:`agent.dialogue.sentences.split_sentences`
 makes of a reply), never a whole reply, so a template whose values change still reuses
 its fixed sentences, and any piece said before (an LLM's "Anything else?") is reused too.
 Pieces are not joined inside a sentence: Piper's prosody spans the sentence, and a value

@@ -78,6 +78,9 @@ class VoiceModels:
         self._batcher_lock = threading.Lock()
         self.cache = cache if cache is not None else PhraseCache(s.tts_cache_bytes)
         self.warming: Future[int] | None = None  # the latest warm_phrases job
+        # the pieces a loaded profile says the same on every call: only these are cached (a
+        # piece with a caller's name, date or number is rendered for its call and dropped)
+        self._fixed: frozenset[str] = frozenset()
         self._closed = False
         log.info("voice models loaded in %.1f s", time.monotonic() - t0)
 
@@ -134,14 +137,24 @@ class VoiceModels:
             yield sentence, self.synthesize(sentence)
 
     def synthesize(self, sentence: str) -> NDArray[np.int16]:
-        """One piece at 8 kHz, complete and read-only: from the cache when this voice said
-        it at this speed before, else rendered now and kept.
+        """One piece at 8 kHz, complete and read-only. A fixed phrase (:meth:`fix`) comes
+        from the cache when this voice said it at this speed before, else is rendered now
+        and kept; any other piece is rendered now and kept nowhere.
 
         Each piece is resampled on its own and flushed: the TTS ends every piece with at
         least 80 ms of silence (longer than the filter), so pieces join without a click,
         and a cached piece is bit for bit what a fresh render gives."""
+        if sentence not in self._fixed:
+            pcm = self._render(sentence)
+            pcm.flags.writeable = False
+            return pcm
         key = (self.tts.voice_id, self.tts.length_scale, sentence)
         return self.cache.get_or_make(key, lambda: self._render(sentence))
+
+    def fix(self, pieces: Iterable[str]) -> None:
+        """Mark ``pieces`` as fixed phrases, said alike on every call: the only ones cached
+        (callers' values never stay in memory after their call)."""
+        self._fixed = self._fixed | frozenset(pieces)
 
     def _render(self, sentence: str) -> NDArray[np.int16]:
         down = Resampler(self.tts.sample_rate, LINE_RATE)
@@ -153,6 +166,7 @@ class VoiceModels:
         (greeting first) that is not cached yet: one job, so calls keep the other workers.
         Returns its future (the number of pieces it rendered); also :attr:`warming`."""
         pieces = list(dict.fromkeys(p for pr in profiles for p in profile_pieces(pr, self.pieces)))
+        self.fix(pieces)
 
         def work() -> int:
             t0 = time.monotonic()
