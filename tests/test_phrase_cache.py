@@ -179,10 +179,10 @@ def test_a_piece_with_a_callers_value_is_rendered_for_its_call_and_kept_nowhere(
 
 
 def test_pieces_join_in_silence_without_clicks() -> None:
-    """Each piece is resampled on its own and flushed: it ends in exact silence (the TTS's
-    pause outlasts the filter), so the next piece starts from the same silent state a
-    continuous stream would be in; the whole reply keeps the stream's length within the
-    filter's tail per piece."""
+    """Each piece is resampled on its own: it ends in exact silence (the TTS's pause
+    outlasts the filter), so the next piece starts from the same silent state a continuous
+    stream would be in; the whole reply is what one stream across its pieces gave, within a
+    sample of phase per piece, at the same level."""
     text = "Thanks for calling today. Your order shipped. Anything else?"
     models = _models(ToneVoice())
     models.fix(models.pieces(text))
@@ -193,13 +193,9 @@ def test_pieces_join_in_silence_without_clicks() -> None:
     stream = Resampler(models.tts.sample_rate, LINE_RATE)
     old = np.concatenate(
         [stream.process(ToneVoice().synthesize(s)) for s in models.pieces(text)]
-    )  # what speak() gave before: one stream across pieces, never flushed
+    )  # what speak() gave before the cache: one stream across pieces, never flushed
     new = np.concatenate(pieces)
-    r = Resampler(models.tts.sample_rate, LINE_RATE)
-    r.process(np.zeros(4410, np.int16))
-    tail = len(r.flush())  # the filter's length at 8 kHz: ~4 ms, silence here
-    assert tail < 40
-    assert 0 <= new.size - old.size <= len(pieces) * (tail + 1)
+    assert abs(new.size - old.size) <= len(pieces)
     rms_old = np.sqrt(np.mean(old.astype(np.float64) ** 2))
     rms_new = np.sqrt(np.mean(new.astype(np.float64) ** 2)) * np.sqrt(new.size / old.size)
     assert abs(20 * np.log10(rms_new / rms_old)) < 0.05

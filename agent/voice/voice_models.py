@@ -141,9 +141,11 @@ class VoiceModels:
         from the cache when this voice said it at this speed before, else is rendered now
         and kept; any other piece is rendered now and kept nowhere.
 
-        Each piece is resampled on its own and flushed: the TTS ends every piece with at
-        least 80 ms of silence (longer than the filter), so pieces join without a click,
-        and a cached piece is bit for bit what a fresh render gives."""
+        Each piece is resampled on its own, from and to silence: the TTS ends every piece
+        with at least 80 ms of it (longer than the filter), so pieces join without a click,
+        a cached piece is bit for bit what a fresh render gives, and a reply lasts what one
+        stream across its pieces gave (no filter tail flushed per piece: the barge-in and
+        backchannel timings were tuned on that stream)."""
         if sentence not in self._fixed:
             pcm = self._render(sentence)
             pcm.flags.writeable = False
@@ -159,7 +161,7 @@ class VoiceModels:
     def _render(self, sentence: str) -> NDArray[np.int16]:
         down = Resampler(self.tts.sample_rate, LINE_RATE)
         pcm = self.tts.synthesize(sentence)
-        return np.concatenate([down.process(pcm), down.flush()])
+        return down.process(pcm)
 
     def warm_phrases(self, profiles: Iterable[AgentProfile]) -> Future[int]:
         """Render, in the executor, every piece the profiles say the same on every call
