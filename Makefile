@@ -84,8 +84,12 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
+# The suite runs in TEST_JOBS processes (pytest-xdist; a file's tests stay in one): most
+# tests wait on real-time calls, not the CPU. Tests marked `serial` run alone (heavy load,
+# or figures another test's load would move: tests/conftest.py). TEST_JOBS=0: one process.
+TEST_JOBS ?= 3
 test: setup lint typecheck
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
 
 # The model tests on the AVX2 kernels (qemu's Haswell: no AVX-512, no VNNI), whatever this
 # CPU has; slow (tens of minutes): emulation runs a smart-turn inference in ~25 s.

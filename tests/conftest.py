@@ -1,9 +1,15 @@
-"""Fixtures shared by test files that ask for them by name (none is autouse here)."""
+"""Fixtures shared by test files that ask for them by name (none is autouse here), and the
+lock that lets a ``serial`` test run alone when pytest-xdist runs the suite in several
+processes (``make test``)."""
 
 from __future__ import annotations
 
+import fcntl
 import gc
-from collections.abc import Iterator
+import os
+import tempfile
+from collections.abc import Generator, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -18,3 +24,51 @@ def quiet_gc() -> Iterator[None]:
     gc.freeze()
     yield
     gc.unfreeze()
+
+
+class _RunLock:
+    """A readers-writer lock over the xdist workers of one run (two ``flock`` files): any
+    number of ordinary tests at once, a ``serial`` one alone. The gate keeps it fair: once a
+    serial test waits, no new test starts until it has run."""
+
+    def __init__(self, run_id: str) -> None:
+        base = Path(tempfile.gettempdir()) / f"sip-bridge-tests-{run_id}"
+        self._gate = os.open(f"{base}.gate", os.O_CREAT | os.O_RDWR, 0o600)
+        self._tests = os.open(f"{base}.tests", os.O_CREAT | os.O_RDWR, 0o600)
+
+    def hold(self, alone: bool) -> None:
+        fcntl.flock(self._gate, fcntl.LOCK_EX)
+        fcntl.flock(self._tests, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        if not alone:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+    def release(self, alone: bool) -> None:
+        fcntl.flock(self._tests, fcntl.LOCK_UN)
+        if alone:
+            fcntl.flock(self._gate, fcntl.LOCK_UN)
+
+
+_run_lock: _RunLock | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _run_lock
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id and os.environ.get("PYTEST_XDIST_WORKER"):
+        _run_lock = _RunLock(run_id)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None]:
+    """Setup, call and teardown of ``item`` under the run lock (a no-op without xdist):
+    a ``serial`` test (heavy load, or figures that other tests' load would move) runs
+    alone."""
+    lock = _run_lock
+    if lock is None:
+        return (yield)
+    alone = item.get_closest_marker("serial") is not None
+    lock.hold(alone)
+    try:
+        return (yield)
+    finally:
+        lock.release(alone)

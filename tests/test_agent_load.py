@@ -15,6 +15,8 @@ from sip_bridge.script.heard_audio import HeardAudio, Span
 from sip_bridge.script.script_actions import CallerTiming
 from sip_bridge.script.script_file import Speak, load_script
 
+pytestmark = pytest.mark.serial  # its own load bench, measuring the node
+
 FRAME = 160
 
 

@@ -27,6 +27,9 @@ from agent.voice.voice_agent import VoiceSettings
 from testkit.barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
 from testkit.line_echo import at_level, espeak_voice
 
+# serial: reaction times, and what a backchannel is taken for, move with other tests' load
+pytestmark = pytest.mark.serial
+
 QUESTION = "Hello, I would like to ask about my order, it has not arrived yet."
 ASTERISK = Path("/usr/share/asterisk/sounds/en/vm-intro.wav")  # asterisk-core-sounds-en-wav
 MIN_SPEECH_MS = 250  # the demo profile's [barge_in] min_speech_ms

@@ -14,7 +14,8 @@ import pytest
 
 from testkit.demo_bridge import ROOT, shipped_bridge
 
-pytestmark = pytest.mark.timeout(600)
+# serial: three calls at once, words and timing heard
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(600)]
 
 SCRIPTS = sorted((ROOT / "config" / "scripts" / "booking").glob("*.toml"))
 

@@ -32,7 +32,8 @@ from testkit.demo_bridge import (
     stop_transfer_target,
 )
 
-pytestmark = pytest.mark.timeout(420)
+# serial: calls at once, words and timing heard
+pytestmark = [pytest.mark.serial, pytest.mark.timeout(420)]
 
 SCRIPTS = sorted(p.stem for p in DEMO_SCRIPTS.glob("*.toml"))
 

@@ -18,6 +18,8 @@ import pytest
 
 from bench import flood
 
+pytestmark = pytest.mark.serial  # floods of hundreds of INVITEs: the whole CPU
+
 CALLS = 4
 
 

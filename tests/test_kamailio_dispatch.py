@@ -15,6 +15,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from agent.base import Agent
 from sip_bridge.agents import make_agent
 from sip_bridge.config.loader import BridgeConfig, LoadConfig
@@ -23,6 +25,8 @@ from testkit.kamailio_runner import Kamailio, write_proxy_scenario
 from testkit.sipp_media import sipp_counts
 from testkit.sipp_runner import finish, free_port, start_sipp
 from testkit.slow_turns import SlowTurnsAgent
+
+pytestmark = pytest.mark.serial  # node-wide CPU figures decide a node's health
 
 PROBE_S = 1  # ds_ping_interval in these tests
 FR_TIMER_MS = 1000  # how long a silent node (or probe) is waited for

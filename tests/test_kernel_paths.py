@@ -23,6 +23,8 @@ from typing import Any
 
 import pytest
 
+pytestmark = pytest.mark.serial  # emulated model runs: a core for a minute
+
 PROBE = Path(__file__).with_name("kernel_path_probe.py")
 QEMU = shutil.which("qemu-x86_64")
 

@@ -14,6 +14,8 @@ import asyncio
 import json
 from pathlib import Path
 
+import pytest
+
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.control import format_status
 from sip_bridge.script.caller import CallOptions, CallResult, place_call
@@ -21,6 +23,8 @@ from sip_bridge.server import BridgeServer
 from testkit.http_probe import http_get, metric_sample
 from testkit.sipp_media import tone, write_wav
 from testkit.slow_turns import SlowTurnsAgent
+
+pytestmark = pytest.mark.serial  # node-wide CPU figures decide what it sees
 
 CONFIG = """\
 [sip]

@@ -6,6 +6,8 @@ import asyncio
 import random
 import socket
 
+import pytest
+
 from sip_bridge.media.media_io import AudioRtpSender, PolledSocket, RtpProtocol
 from sip_bridge.media.rtp import RtpSender
 
@@ -32,6 +34,8 @@ def test_packed_sender_makes_the_same_bytes_as_rtp_sender() -> None:
     assert (ours.packet_count, ours.octet_count) == (ref.packet_count, ref.octet_count)
 
 
+# serial: kernel arrival times, compared across two readers, move with other tests' load
+@pytest.mark.serial
 def test_polled_socket_reads_what_asyncio_would_with_kernel_arrival_times() -> None:
     async def main() -> None:
         loop = asyncio.get_running_loop()

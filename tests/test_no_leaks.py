@@ -18,6 +18,8 @@ from sip_bridge.config.loader import BridgeConfig, TimersConfig
 from sip_bridge.server import BridgeServer
 from testkit.sipp_runner import run_sipp
 
+pytestmark = pytest.mark.serial  # a thousand calls, and the process's own memory measured
+
 
 def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))

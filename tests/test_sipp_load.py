@@ -25,6 +25,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from sip_bridge.config.loader import BridgeConfig
 from sip_bridge.media.call_media import MediaStats
@@ -38,6 +39,8 @@ from testkit.sipp_media import (
     udp_socket_counters,
     write_ulaw,
 )
+
+pytestmark = pytest.mark.serial  # a hundred calls at once: the whole CPU
 
 CALLS = 100
 RATE_CPS = 50
