@@ -40,6 +40,3 @@ class ModelSettings:
     threads: int = 2  # inference threads of the ASR, end-of-turn and TTS sessions
     workers: int = 2  # model jobs (ASR segments, TTS sentences) running at once
     batch_vad: bool = True  # one VAD inference per tick for all calls
-    # rendered TTS pieces kept for reuse (fixed phrases warmed at profile load), in bytes of
-    # 8 kHz audio (16 kB a second): 32 MiB holds about 35 minutes of speech; 0: none
-    tts_cache_bytes: int = 32 * 2**20

@@ -25,7 +25,6 @@ from sip_bridge.config.loader import BridgeConfig, SpeechModelConfig
 if TYPE_CHECKING:
     from agent.dialogue.profile import AgentProfile
     from agent.speech_to_speech import FrameBatcher
-    from agent.voice.phrase_cache import CacheStats, PhraseCache
     from agent.voice.voice_models import VoiceModels
     from model_runtime.sessions import Device
     from model_runtime.speech_to_speech import SpeechToSpeechModel
@@ -35,7 +34,6 @@ __all__ = [
     "fallback_prompt",
     "load_agent_models",
     "make_agent",
-    "phrase_cache_stats",
     "prepare_agents",
     "profile_name",
     "take_over",
@@ -48,7 +46,6 @@ _models: dict[object, VoiceModels] = {}
 _profiles: dict[tuple[str, int], AgentProfile] = {}  # (path, mtime): an edit loads anew
 _speech: dict[SpeechModelConfig, tuple[SpeechToSpeechModel, FrameBatcher | None]] = {}
 _prompts: dict[tuple[str, int], NDArray[np.int16]] = {}
-_phrase_cache: PhraseCache | None = None  # one per process: every voice's pieces
 
 
 def make_agent(config: BridgeConfig) -> Agent:
@@ -189,16 +186,10 @@ def load_agent_models(config: BridgeConfig) -> None:
     for rate in (8000, 16000, 24000):  # the fallback prompt: decoded before a call needs it
         fallback_prompt(config.agent, rate)
     if config.agent.name == "voice":
-        models, profile = prepare_agents(config)  # and its transfer hold audio, decoded now
+        _, profile = prepare_agents(config)  # and its transfer hold audio, decoded now
         for hold in (profile.transfer.hold_audio, config.transfer.hold_audio):
             if hold:
                 _hold_audio(hold)
-        # its fixed phrases (and the after-hours profile's), rendered in the background: at
-        # start, and on reload for an edited profile (pieces already cached are skipped)
-        profiles = [profile]
-        if profile.hours is not None:
-            profiles.append(_profile(profile.hours.after_hours_profile))
-        models.warm_phrases(profiles)
     elif config.agent.name == "speech_model":
         _speech_model(config)
 
@@ -234,17 +225,6 @@ def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:
         key = (m, default_store().root, scale)
         models = _models.get(key)
         if models is None:
-            global _phrase_cache
-            if _phrase_cache is None:
-                from agent.voice.phrase_cache import PhraseCache
-
-                _phrase_cache = PhraseCache(m.tts_cache_bytes)
-            models = _models[key] = VoiceModels(m, length_scale=scale, cache=_phrase_cache)
+            models = _models[key] = VoiceModels(m, length_scale=scale)
             models.warm_up()
     return models, profile
-
-
-def phrase_cache_stats() -> CacheStats | None:
-    """The process's TTS phrase cache figures (None before a voice agent loaded)."""
-    cache = _phrase_cache
-    return cache.stats() if cache is not None else None

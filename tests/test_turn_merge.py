@@ -22,6 +22,9 @@ from agent.base import HangupEvent, TurnCompleted
 from testkit.barge_in_sim import Line, Sim, models
 from testkit.line_echo import at_level, espeak_voice
 
+# serial: pauses measured in ms against the agent's reply, which other tests' load moves
+pytestmark = pytest.mark.serial
+
 GOODBYE = Path("/usr/share/asterisk/sounds/en/goodbye.wav")  # a person saying it
 
 

@@ -18,8 +18,6 @@ class ToneVoice:
     """22050 Hz 'speech': 0.3 s of 1 kHz per word."""
 
     sample_rate = 22050
-    voice_id = "tone"
-    length_scale = 1.0
 
     def __init__(self) -> None:
         self.said: list[str] = []

@@ -205,10 +205,6 @@ class PiperTts:
             model = _default_path(MODEL_FILE)
             config = config if config is not None else _default_path(MODEL_CONFIG_FILE)
         model = Path(model)
-        #: what names this voice's sound in a cache key (with :attr:`length_scale`)
-        self.voice_id = (
-            f"{model.resolve()}#gain={gain_db:g},pauses={sentence_pause_s:g}/{comma_pause_s:g}"
-        )
         config = Path(config) if config is not None else model.with_name(model.name + ".json")
         if not model.is_file():
             raise FileNotFoundError(f"Piper voice model not found: {model}")
@@ -231,7 +227,6 @@ class PiperTts:
             ],
             dtype=np.float32,
         )
-        self.length_scale = float(self._scales[1])  # > 1: slower
         self._gain = float(10.0 ** (gain_db / 20.0))
         self._pause = round(sentence_pause_s * self.sample_rate)
         self._comma_pause = round(comma_pause_s * self.sample_rate)

@@ -11,17 +11,15 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import cast
 
 import numpy as np
 from numpy.typing import NDArray
 
-from agent.dialogue.profile import AgentProfile
 from agent.dialogue.sentences import split_sentences
 from agent.voice.asr import IncrementalTranscriber, MoonshineAsr
-from agent.voice.phrase_cache import PhraseCache, profile_pieces
 from agent.voice.tts import PiperTts
 from agent.voice.turn import EndOfTurn, SmartTurn
 from agent.voice.vad import (
@@ -60,10 +58,7 @@ class VoiceModels:
         asr: MoonshineAsr | None = None,
         tts: PiperTts | None = None,
         length_scale: float | None = None,
-        cache: PhraseCache | None = None,
     ) -> None:
-        """``cache``: where rendered pieces are kept (one per process serves every voice:
-        its keys name the voice and speed); default, one of ``settings.tts_cache_bytes``."""
         s = self.settings = settings or ModelSettings()
         t0 = time.monotonic()
         device = cast(Device, s.device)
@@ -76,12 +71,6 @@ class VoiceModels:
             None  # made on the running loop, at first use
         )
         self._batcher_lock = threading.Lock()
-        self.cache = cache if cache is not None else PhraseCache(s.tts_cache_bytes)
-        self.warming: Future[int] | None = None  # the latest warm_phrases job
-        # the pieces a loaded profile says the same on every call: only these are cached (a
-        # piece with a caller's name, date or number is rendered for its call and dropped)
-        self._fixed: frozenset[str] = frozenset()
-        self._closed = False
         log.info("voice models loaded in %.1f s", time.monotonic() - t0)
 
     def warm_up(self) -> float:
@@ -119,76 +108,25 @@ class VoiceModels:
             executor=executor or self.executor,
         )
 
-    def pieces(self, text: str) -> list[str]:
-        """How a reply is cut for speaking (a short first piece: an early first audio)."""
-        return split_sentences(text, first_max_words=FIRST_WORDS)
-
     def speak(
         self, text: str, cancel: threading.Event, *, skip: int = 0
     ) -> Iterator[tuple[str, NDArray[np.int16] | None]]:
-        """Piece by piece: (piece, None) when one starts, then (piece, audio at 8 kHz), as
-        :meth:`synthesize` makes it (cached or fresh, the same samples). Runs in the
-        executor (seconds of audio at once would stall the media loop); checks ``cancel``
-        between pieces; ``skip``: pieces already spoken (a speculation's first)."""
-        for sentence in self.pieces(text)[skip:]:
+        """Sentence by sentence: (sentence, None) when one starts, then (sentence, audio at
+        8 kHz). Runs in the executor, resampling included (seconds of audio at once would
+        stall the media loop); checks ``cancel`` between sentences; ``skip``: pieces
+        already spoken (a speculation's first)."""
+        down = Resampler(self.tts.sample_rate, LINE_RATE)
+        for sentence in split_sentences(text, first_max_words=FIRST_WORDS)[skip:]:
             if cancel.is_set():
                 return
             yield sentence, None
-            yield sentence, self.synthesize(sentence)
+            yield sentence, down.process(self.tts.synthesize(sentence))
 
     def synthesize(self, sentence: str) -> NDArray[np.int16]:
-        """One piece at 8 kHz, complete and read-only. A fixed phrase (:meth:`fix`) comes
-        from the cache when this voice said it at this speed before, else is rendered now
-        and kept; any other piece is rendered now and kept nowhere.
-
-        Each piece is resampled on its own, from and to silence: the TTS ends every piece
-        with at least 80 ms of it (longer than the filter), so pieces join without a click,
-        a cached piece is bit for bit what a fresh render gives, and a reply lasts what one
-        stream across its pieces gave (no filter tail flushed per piece: the barge-in and
-        backchannel timings were tuned on that stream)."""
-        if sentence not in self._fixed:
-            pcm = self._render(sentence)
-            pcm.flags.writeable = False
-            return pcm
-        key = (self.tts.voice_id, self.tts.length_scale, sentence)
-        return self.cache.get_or_make(key, lambda: self._render(sentence))
-
-    def fix(self, pieces: Iterable[str]) -> None:
-        """Mark ``pieces`` as fixed phrases, said alike on every call: the only ones cached
-        (callers' values never stay in memory after their call)."""
-        self._fixed = self._fixed | frozenset(pieces)
-
-    def _render(self, sentence: str) -> NDArray[np.int16]:
+        """One piece at 8 kHz, complete (a reply's first, made ahead of the rest)."""
         down = Resampler(self.tts.sample_rate, LINE_RATE)
         pcm = self.tts.synthesize(sentence)
-        return down.process(pcm)
-
-    def warm_phrases(self, profiles: Iterable[AgentProfile]) -> Future[int]:
-        """Render, in the executor, every piece the profiles say the same on every call
-        (greeting first) that is not cached yet: one job, so calls keep the other workers.
-        Returns its future (the number of pieces it rendered); also :attr:`warming`."""
-        pieces = list(dict.fromkeys(p for pr in profiles for p in profile_pieces(pr, self.pieces)))
-        self.fix(pieces)
-
-        def work() -> int:
-            t0 = time.monotonic()
-            made = 0
-            for piece in pieces:
-                if self._closed:
-                    break
-                if (self.tts.voice_id, self.tts.length_scale, piece) not in self.cache:
-                    self.synthesize(piece)
-                    made += 1
-            st = self.cache.stats()
-            log.info(
-                "phrase cache: %d fixed pieces, %d rendered now in %.2f s; %d entries, "
-                "%.1f of %.1f MiB", len(pieces), made, time.monotonic() - t0, st.entries,
-                st.bytes / 2**20, st.max_bytes / 2**20,
-            )  # fmt: skip
-            return made
-
-        self.warming = self.executor.submit(work)
-        return self.warming
+        return np.concatenate([down.process(pcm), down.flush()])
 
     def _vad_batcher(self) -> TickBatcher[VadRequest, VadResult]:
         """One batcher for every call of this process (made on the bridge's loop)."""
@@ -198,7 +136,6 @@ class VoiceModels:
             return self._batcher
 
     def close(self) -> None:
-        self._closed = True
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 

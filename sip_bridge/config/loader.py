@@ -157,7 +157,6 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "threads": (int,),
         "workers": (int,),
         "batch_vad": (bool,),
-        "tts_cache_bytes": (int,),
     },
     "agent.echo": {"delay_s": (int, float)},
     "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
@@ -423,9 +422,6 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     for key in ("threads", "workers"):
         if not 1 <= getattr(models, key) <= 64:
             raise ConfigError(p, _line_of(text, "models", key), f"models.{key}", "must be 1..64")
-    if models.tts_cache_bytes < 0:
-        raise ConfigError(p, _line_of(text, "models", "tts_cache_bytes"),
-                          "models.tts_cache_bytes", "must be >= 0 (0: no cache)")  # fmt: skip
     if models.dir and not Path(models.dir).is_absolute():
         models = replace(models, dir=str(Path(p).resolve().parent / models.dir))
     log_cfg = LogConfig(**data.get("log", {}))

@@ -129,7 +129,6 @@ class CallTelemetry:
         stops the bridge's start with one line; the MQTT link connects in the background
         (events spool meanwhile)."""
         from model_runtime.observe import set_inference_observer
-        from sip_bridge.agents import phrase_cache_stats
         from sip_bridge.ops.metrics import BridgeMetrics, MetricsServer
         from sip_bridge.ops.records import CallRecords
         from sip_bridge.ops.records_cli import default_db_path
@@ -145,7 +144,6 @@ class CallTelemetry:
             host, port = parse_hostport(config.metrics.listen)
             metrics = self.metrics = BridgeMetrics()
             metrics.media_path(media_path)
-            metrics.tts_cache(phrase_cache_stats)
             set_inference_observer(metrics.model_inference)  # every model run, timed
             http = MetricsServer(host, port, metrics, ready=ready)
             try:

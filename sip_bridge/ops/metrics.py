@@ -53,10 +53,7 @@ fallback prompt), ``dead_air_gap_seconds`` (each silence a caller waited through
 agent, agent.dead_air), ``dead_air_seconds_total`` (their sum) and
 ``call_dead_air_longest_seconds`` (each ended call's longest), ``transfers_total{outcome,
 status}`` (every transfer's final outcome and the SIP status behind it; 0: none, as for a
-bad target or no final report in time), and, read at each scrape from the process's TTS
-phrase cache (``metrics.tts_cache(agents.phrase_cache_stats)``):
-``tts_cache_hits_total``, ``tts_cache_misses_total``, ``tts_cache_evictions_total``,
-``tts_cache_entries``, ``tts_cache_bytes`` and ``tts_cache_max_bytes``.
+bad target or no final report in time).
 """
 
 from __future__ import annotations
@@ -66,8 +63,7 @@ import contextlib
 import logging
 import math
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -78,8 +74,6 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 
 __all__ = [
     "MAX_REQUEST",
@@ -410,40 +404,9 @@ class BridgeMetrics:
         """Whether the media path runs compiled or as Python (``media_path_info{mode}``)."""
         self.mode.info({"mode": self._mode(mode, none=OTHER)})
 
-    def tts_cache(self, stats: Callable[[], Any]) -> None:
-        """Expose the TTS phrase cache: ``stats()`` (read at each scrape) gives an object
-        with hits, misses, evictions, entries, bytes and max_bytes, or None (no cache yet:
-        nothing is shown)."""
-        self.registry.register(_TtsCacheCollector(stats))
-
     def render(self) -> bytes:
         """The Prometheus text exposition of everything above."""
         return generate_latest(self.registry)
-
-
-class _TtsCacheCollector(Collector):
-    def __init__(self, stats: Callable[[], Any]) -> None:
-        self._stats = stats
-
-    def describe(self) -> list[Metric]:
-        return []  # families appear once a voice agent has loaded
-
-    def collect(self) -> Iterator[Metric]:
-        st = self._stats()
-        if st is None:
-            return
-        for name, doc in (
-            ("hits", "TTS pieces spoken from the phrase cache (no synthesis)."),
-            ("misses", "TTS pieces not in the phrase cache (synthesised, then kept)."),
-            ("evictions", "Phrase-cache entries dropped to keep within its byte bound."),
-        ):
-            yield CounterMetricFamily(f"sipbridge_tts_cache_{name}", doc, value=getattr(st, name))
-        for name, doc in (
-            ("entries", "TTS pieces held in the phrase cache."),
-            ("bytes", "Bytes of 8 kHz audio held in the phrase cache."),
-            ("max_bytes", "The phrase cache's bound ([models] tts_cache_bytes)."),
-        ):
-            yield GaugeMetricFamily(f"sipbridge_tts_cache_{name}", doc, value=getattr(st, name))
 
 
 class _BadRequest(Exception):
