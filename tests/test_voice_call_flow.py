@@ -182,7 +182,7 @@ def test_keys_the_menu_ignores_then_an_order_number_typed_with_hash(config: Brid
     assert 0 < call["stats"]["dead_air_max_ms"] <= 1500, call["stats"]
     # the console saw the call live, with its keypad turn and its dead air so far
     (row,) = out["live"]
-    # (a fixed reply spoken from the phrase cache can start within the key's own tick: 0 ms)
+    # (a reply ready at once can start within the key's own tick: 0 ms)
     live_gaps = row["dead_air"]
     assert live_gaps is not None and live_gaps["gaps"] >= 1
     assert 0 <= live_gaps["longest_ms"] <= 1500, live_gaps
