@@ -43,6 +43,11 @@ TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
 _GPU_PROVIDERS = (TENSORRT, CUDA)
+#: The CUDA provider's options. cuDNN's default search (EXHAUSTIVE) times every convolution
+#: algorithm for each new input shape, and Piper's output length changes with every
+#: sentence: on an H100 a 100-phoneme sentence took 911 ms (median of 15; 21 ms at best)
+#: against 88 ms with DEFAULT and 326 ms on one CPU core (bench/gpu_check.py, 2026-11-26).
+CUDA_OPTIONS = {"cudnn_conv_algo_search": "DEFAULT"}
 
 _OPTIMIZATION = {
     "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
@@ -127,7 +132,8 @@ def create_session(
         warnings.simplefilter("always")
         try:
             source = str(path) if model is None else model
-            session = ort.InferenceSession(source, opts, providers=providers)
+            with_options = [(p, CUDA_OPTIONS) if p == CUDA else p for p in providers]
+            session = ort.InferenceSession(source, opts, providers=with_options)
         except Exception as exc:  # ORT raises its own exception types
             raise ModelRuntimeError(f"model {name}: cannot load {path}: {exc}") from exc
     for w in caught:

@@ -164,6 +164,24 @@ def test_auto_falling_back_to_cpu_warns_and_records_cpu(
     assert "asked for CUDAExecutionProvider but onnxruntime fell back" in warnings[0].getMessage()
 
 
+def test_cuda_is_asked_for_with_the_conv_search_that_suits_changing_shapes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cuDNN's exhaustive search per new shape made Piper 10x slower on a GPU: the CUDA
+    provider gets ``cudnn_conv_algo_search = DEFAULT``; the others go by name."""
+    _pretend_cuda_exists(monkeypatch)
+    asked: list[object] = []
+    real = onnxruntime.InferenceSession
+
+    def recording(source: object, opts: object, providers: list[object]) -> object:
+        asked.extend(providers)
+        return real(source, opts, providers=[CPU])
+
+    monkeypatch.setattr(onnxruntime, "InferenceSession", recording)
+    create_session(_affine_model(tmp_path / "a.onnx"), name="cuda-opts", device="auto")
+    assert asked == [(CUDA, {"cudnn_conv_algo_search": "DEFAULT"}), CPU]
+
+
 def test_warm_up_returns_the_last_run_in_ms(tmp_path: Path) -> None:
     calls: list[dict[str, np.ndarray]] = []
     s = create_session(_affine_model(tmp_path / "a.onnx"), device="cpu")

@@ -1,0 +1,114 @@
+"""The CUDA path of ``model_runtime/`` on a lent GPU machine: each model file given opens
+through :func:`model_runtime.sessions.create_session` with ``device="cuda"`` (which
+refuses a silent CPU fallback), runs, and is timed against the same file on the CPU.
+
+Run where onnxruntime-gpu is importable (docs/benchmarks.md says how to carry it to a
+machine with no network)::
+
+    python3 bench/gpu_check.py MODEL.onnx [MODEL.onnx ...] [--runs 50] [--out gpu_check.json]
+
+Known inputs get real shapes (Silero VAD: 512 samples at 16 kHz and its state; smart-turn:
+8 s of log-mel features; Piper: 100 phoneme ids); any other input gets its declared shape,
+symbolic dimensions as 1. Prints JSON: per model, the provider each session got, the
+median and p95 of a run on each, and the largest difference between the two outputs
+(Piper samples noise inside: its outputs differ from run to run anyway).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort  # type: ignore[import-untyped]
+
+from model_runtime.sessions import create_session
+
+#: Shapes of inputs this project's models declare with symbolic dimensions.
+KNOWN_SHAPES = {
+    "input": (1, 512),  # Silero VAD: one 32 ms window at 16 kHz
+    "state": (2, 1, 128),
+    "input_features": (1, 80, 800),  # smart-turn: 8 s of 80 log-mel bins
+}
+DTYPES = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(int32)": np.int32}
+
+
+def feeds_for(session: ort.InferenceSession, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    out: dict[str, np.ndarray] = {}
+    for inp in session.get_inputs():
+        dtype = DTYPES.get(inp.type, np.float32)
+        if inp.name == "sr":
+            out[inp.name] = np.array(16000, dtype=np.int64)
+            continue
+        shape = KNOWN_SHAPES.get(inp.name) or tuple(
+            d if isinstance(d, int) and d > 0 else 1 for d in inp.shape
+        )
+        if dtype == np.float32:
+            out[inp.name] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[inp.name] = np.ones(shape, dtype=dtype)
+    if "input_lengths" in out:  # Piper: 100 phoneme ids (a sentence), lengths and scales
+        out["input"] = rng.integers(1, 60, (1, 100)).astype(np.int64)
+        out["input_lengths"] = np.array([100], dtype=np.int64)
+        out["scales"] = np.array([0.667, 1.0, 0.8], dtype=np.float32)
+    return out
+
+
+def timed(session: ort.InferenceSession, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
+    for _ in range(3):  # first runs: allocation, kernel choice
+        session.run(None, feeds)
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        session.run(None, feeds)
+        times.append((time.perf_counter() - t0) * 1000)
+    times.sort()
+    return {
+        "provider": session.get_providers()[0],
+        "median_ms": round(statistics.median(times), 3),
+        "p95_ms": round(times[int(0.95 * (len(times) - 1))], 3),
+    }
+
+
+def check(path: Path, runs: int) -> dict[str, Any]:
+    rng = np.random.default_rng(0)
+    gpu = create_session(path, device="cuda", threads=1)
+    cpu = create_session(path, name=f"{path.stem}-cpu", device="cpu", threads=1)
+    feeds = feeds_for(cpu, rng)
+    a = gpu.run(None, feeds)
+    b = cpu.run(None, feeds)
+    diff = max(float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+               for x, y in zip(a, b, strict=True))  # fmt: skip
+    return {
+        "model": path.name,
+        "cuda": timed(gpu, feeds, runs),
+        "cpu": timed(cpu, feeds, runs),
+        "max_abs_diff": diff,
+        "outputs_agree": diff < 1e-2,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("models", nargs="+", type=Path)
+    ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    report = {
+        "onnxruntime": ort.__version__,
+        "available_providers": ort.get_available_providers(),
+        "device": ort.get_device(),
+        "models": [check(p, args.runs) for p in args.models],
+    }
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
