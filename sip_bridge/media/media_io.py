@@ -198,6 +198,19 @@ class AudioRtpSender(RtpSender):
 def realtime_offset() -> float:
     """``time.time()`` minus the loop's clock (asyncio's is ``time.monotonic()``), read now.
 
-    Taken from two fresh readings rather than against a ``now`` captured earlier in the
-    tick: a stale ``now`` would stamp every packet early by the tick's age so far."""
-    return time.time() - time.monotonic()
+    Taken from fresh readings rather than against a ``now`` captured earlier in the tick: a
+    stale ``now`` would stamp every packet early by the tick's age so far. The wall clock
+    is read between two loop-clock readings, up to three times, and the tightest pair is
+    kept: a thread preempted between two reads (tens of ms on a loaded core, seen as a
+    drain whose packets all looked 50 ms late) would shift every stamp by that much."""
+    best_gap = 1.0
+    offset = 0.0
+    for _ in range(3):
+        before = time.monotonic()
+        wall = time.time()
+        after = time.monotonic()
+        if after - before < best_gap:
+            best_gap, offset = after - before, wall - (before + after) / 2
+        if best_gap < 50e-6:
+            break
+    return offset
