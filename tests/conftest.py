@@ -1,6 +1,6 @@
 """Fixtures shared by test files that ask for them by name (none is autouse here), and the
 lock that lets a ``serial`` test run alone when pytest-xdist runs the suite in several
-processes (``make test``)."""
+processes (``make test TEST_JOBS=3``)."""
 
 from __future__ import annotations
 
