@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agent.dialogue.backchannel import DEFAULT_BACKCHANNELS, is_backchannel, phrases
+from agent.dialogue.backchannel import DEFAULT_BACKCHANNELS, is_backchannel, phrases, takes_floor
 
 KNOWN = phrases(DEFAULT_BACKCHANNELS)
 
@@ -30,3 +30,12 @@ def test_a_profile_s_own_list_and_none() -> None:
     assert is_backchannel("You bet!", own) and is_backchannel("Sure, sure.", own)
     assert not is_backchannel("Okay.", own)
     assert not is_backchannel("Okay.", ()) and not is_backchannel("", ())  # turned off
+
+
+@pytest.mark.parametrize(
+    ("text", "floor"),
+    [("Wait.", True), ("Hello?", True), ("No, no.", True), ("Hold on.", True),
+     ("A minimum.", False), ("Ah, her,", False), ("", False), ("nowhere", False)],
+)  # fmt: skip
+def test_words_that_ask_for_the_floor(text: str, floor: bool) -> None:
+    assert takes_floor(text) == floor

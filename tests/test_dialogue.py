@@ -534,3 +534,37 @@ def test_a_spoken_card_number_reaches_the_engine_and_an_unknown_one_is_asked_aga
     assert "Visa card is approved" in _said(_turn(e, spoken))
     assert not any("one one" in text or "5555" in text for _, text in e.transcript)
     assert [t for w, t in e.transcript if w == "caller"][1:] == ["[redacted 16 digits]"] * 2
+
+
+@pytest.mark.parametrize(
+    ("before", "text"),
+    [
+        ([], "A minimum."),
+        ([], "Ah, her,"),
+        ([], "when are you open"),
+        ([], "my order"),
+        ([], ""),
+        (["where is my order"], "A man then."),
+        (["where is my order"], "one two three four five"),
+        (["where is my order"], "what are your hours"),
+        (["I want to cancel my order"], "maybe"),
+        (["I want to cancel my order"], "54321"),
+        (["cancel order 54321"], "maybe"),
+        (["cancel order 54321"], "yes"),
+        (["cancel order 54321"], "Memtem."),
+    ],
+)
+def test_understands_is_what_respond_would_make_of_it_and_changes_nothing(
+    before: list[str], text: str
+) -> None:
+    """The voice agent asks it of a few words over its reply: they go on only when the
+    reply to them would have been the fallback or a retry."""
+    e = _new()
+    for t in before:
+        _turn(e, t)
+    state = (list(e.transcript), e.turns, e.misses, e._pending, e._confirming)
+    understood = e.understands(text)
+    assert state == (list(e.transcript), e.turns, e.misses, e._pending, e._confirming)
+    twin = e.fork()
+    parts = _turn(twin, text)
+    assert understood == (bool(parts) and not twin.last_missed), _said(parts)

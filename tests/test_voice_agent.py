@@ -818,6 +818,41 @@ async def test_words_over_a_held_reply_are_a_barge_in_and_a_turn() -> None:
         ]
 
 
+@pytest.mark.parametrize(
+    ("heard", "backchannels", "goes_on"),
+    [
+        ("A minimum.", True, True),  # a hummed "mm-hmm" as the ASR spells it
+        ("Ah, her,", True, True),  # an "uh-huh" over the line (seen in a demo call)
+        ("Wait, what?", True, False),  # asks for the floor, understood or not
+        ("Hello?", True, False),
+        ("A minimum.", False, False),  # the profile has backchannels off
+    ],
+)
+@aio
+async def test_a_few_words_over_a_held_reply_it_would_not_understand_let_it_go_on(
+    heard: str, backchannels: bool, goes_on: bool
+) -> None:
+    """A hum the ASR made words of is no turn: stopping for it would only earn the caller
+    "sorry, I didn't catch that". Words the dialogue understands ("when are you open",
+    above) or that ask for the floor stop the reply; so does anything, backchannels off."""
+    async with Call(DEMO if backchannels else no_backchannels(), greeted=False) as c:
+        await c.tick(30)
+        c.models.asr_texts.extend([heard, heard])
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        writes = len(c.out.writes)
+        c.vad(False, False)
+        await c.tick(4)
+        if goes_on:
+            await c.until(lambda: c.agent.backchannels == 1, "the reply going on")
+            assert c.agent.barge_ins == 0 and len(c.out.writes) > writes
+            await c.drain()
+            assert c.agent.turns == [] and c.transcript == [("agent", " ".join(GREETING))]
+        else:
+            await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
+            assert c.agent.backchannels == 0 and len(c.out.writes) == writes
+
+
 @aio
 async def test_a_caller_who_talks_before_the_greeting_is_heard_takes_the_floor() -> None:
     """Speech before any of the greeting went out acknowledges nothing: no hold for a

@@ -3,9 +3,10 @@
 They are not a turn and must not stop the reply for good. The voice agent stops (fades)
 as for any barge-in, since a backchannel and the first word of a real interruption sound
 alike for the first 250 ms; when the caller falls silent it transcribes what they said,
-and if that was only backchannels (or nothing it could make out, for up to 0.8 s:
-agent.voice decides that), it goes on from the word it stopped at. This module is the
-test on the words (pure: no I/O).
+and if that was only backchannels (or, for up to 0.8 s of speech, nothing it could make
+out or words the dialogue would not understand and no :data:`FLOOR_WORDS`: a hummed
+"mm-hmm" comes out as "A minimum."; agent.voice decides that), it goes on from the word
+it stopped at. This module is the test on the words (pure: no I/O).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 
 from agent.words import normalize
 
-__all__ = ["DEFAULT_BACKCHANNELS", "is_backchannel", "phrases"]
+__all__ = ["DEFAULT_BACKCHANNELS", "FLOOR_WORDS", "is_backchannel", "phrases", "takes_floor"]
 
 #: What counts unless a profile lists its own ([barge_in] backchannels): the usual ones,
 #: as an ASR spells them. Not "yes"/"yeah": said over a question they are its answer.
@@ -34,6 +35,19 @@ DEFAULT_BACKCHANNELS = (
     "i see",
     "got it",
 )
+
+
+#: Words that, said over a reply, ask for the floor even when the dialogue would not make
+#: sense of them ("Wait.", "Hello?", "No, no."): the reply stops for them.
+FLOOR_WORDS = frozenset(
+    ("no", "nope", "wait", "stop", "hold", "hang", "sorry", "excuse", "pardon", "what",
+     "hello", "help", "agent", "operator", "person", "human", "repeat", "again")
+)  # fmt: skip
+
+
+def takes_floor(text: str) -> bool:
+    """Whether ``text`` holds one of :data:`FLOOR_WORDS`."""
+    return any(w in FLOOR_WORDS for w in normalize(text))
 
 
 def phrases(texts: Iterable[str]) -> tuple[tuple[str, ...], ...]:

@@ -245,6 +245,23 @@ class DialogueEngine:
         for part in parts + self._after_turn():
             yield part
 
+    def understands(self, text: str) -> bool:
+        """Whether :meth:`respond` would make sense of ``text`` now (an intent, an answer to
+        the slot or the question asked, or anything at all when an LLM answers what no rule
+        does) rather than give the fallback or a retry. Changes nothing: the voice agent
+        asks it of a few words said over its reply ("A minimum." for a hummed "mm-hmm")."""
+        words = normalize(text)
+        if self.ended or not words:
+            return False
+        if self.llm is not None or self._match(words) is not None:
+            return True
+        if self._pending is None:
+            return False
+        slot = self.profile.slots[self._pending]
+        if self._confirming is not None and yes_no(words) is not None:
+            return True
+        return hear(slot, words, text, self._today()) is not None
+
     def press(self, digit: str, now: float | None = None) -> KeyTurn | None:
         """One key. A :class:`KeyTurn` when it makes a turn: a menu key, a yes/no key, or the
         key that ends a digits slot's entry ('#', or the ``max_length``-th digit). None when

@@ -46,7 +46,7 @@ from agent.base import (
     TurnCompleted,
     fade_out_gain,
 )
-from agent.dialogue.backchannel import is_backchannel
+from agent.dialogue.backchannel import is_backchannel, takes_floor
 from agent.dialogue.engine import (
     DialogueEngine,
     Hangup,
@@ -164,6 +164,9 @@ class _Held:
     speech: int = 0  # ticks of the caller's speech since
     probe: Future[str] | None = None  # what they said, asked at their latest pause
     audio: list[NDArray[np.int16]] = field(default_factory=list)  # their words (16 kHz)
+    since: float = field(default_factory=time.monotonic)  # when the reply was held
+    asked: float = 0.0  # when the latest probe was queued, and when it ran (monotonic)
+    ran: float = 0.0
 
 
 class VoiceAgent(Agent):
@@ -516,7 +519,13 @@ class VoiceAgent(Agent):
             # the words since the hold, as one clip: an utterance this short is heard best
             # whole (the transcriber's segments cut it at the VAD's flickers)
             clip = np.concatenate(held.audio)
-            probe = held.probe = self.guard.executor("asr").submit(self.models.asr.transcribe, clip)
+            held.asked = time.monotonic()
+
+            def transcribe() -> str:
+                held.ran = time.monotonic()
+                return self.models.asr.transcribe(clip)
+
+            probe = held.probe = self.guard.executor("asr").submit(transcribe)
             loop = self._loop
             assert loop is not None
             probe.add_done_callback(lambda f: loop.call_soon_threadsafe(self._probed, held, f))
@@ -529,15 +538,33 @@ class VoiceAgent(Agent):
         except Exception:  # the guard reports a failed model; here: not understood
             text = ""
         # nothing made out is a hum, if short; a longer utterance the ASR missed was words
-        unheard_words = held.speech * FRAME_MS > UNHEARD_BACKCHANNEL_MS and not normalize(text)
-        if not unheard_words and is_backchannel(text, self.profile.barge_in.backchannels):
+        short = held.speech * FRAME_MS <= UNHEARD_BACKCHANNEL_MS
+        unheard_words = not short and not normalize(text)
+        now = time.monotonic()
+        log.debug(
+            "held reply: %d ms of speech; probed %.0f ms after the hold, queued %.0f ms, "
+            "ran %.0f ms",
+            held.speech * FRAME_MS,
+            1000 * (held.asked - held.since),
+            1000 * (held.ran - held.asked),
+            1000 * (now - held.ran),
+        )
+        known = self.profile.barge_in.backchannels
+        if not unheard_words and is_backchannel(text, known):
             self._resume(text)
+        elif known and short and not takes_floor(text) and not self._understood(text):
+            # a hum the ASR made words of ("mm-hmm" as "A minimum."): giving the reply up
+            # for it would only earn the caller a "sorry, I didn't catch that"
+            self._resume(text, "not understood")
         else:
             shown = sensitive_text(text) if self.sensitive else text  # a PIN said over the
             log.debug("over a held reply: %r, not a backchannel", shown)  # prompt for it
             self._commit_hold()
 
-    def _resume(self, text: str) -> None:
+    def _understood(self, text: str) -> bool:
+        return self.engine is None or self.engine.understands(text)
+
+    def _resume(self, text: str, why: str = "a backchannel") -> None:
         """A backchannel: no turn; the reply goes on from the word it stopped in."""
         self._held = None
         self.backchannels += 1
@@ -548,7 +575,8 @@ class VoiceAgent(Agent):
         self._stt.reset()
         self._eot.reset()
         self._speech_ticks = self._quiet = 0
-        log.info("backchannel %r: the reply goes on", text)
+        shown = sensitive_text(text) if self.sensitive else text
+        log.info("%r over the reply (%s): it goes on", shown, why)
 
     def _commit_hold(self) -> None:
         """Not a backchannel: the held reply is dropped (a barge-in, reported as one), and
