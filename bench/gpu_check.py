@@ -6,6 +6,12 @@ Run where onnxruntime-gpu is importable (docs/benchmarks.md says how to carry it
 machine with no network)::
 
     python3 bench/gpu_check.py MODEL.onnx [MODEL.onnx ...] [--runs 50] [--out gpu_check.json]
+    python3 bench/gpu_check.py --asr MOONSHINE_DIR SPEECH.wav [--runs 20]
+
+``--asr``: Moonshine as the agent runs it (:class:`agent.voice.asr.MoonshineAsr`: encoder,
+then greedy decoding token by token with past key values) transcribing the first 1, 2.5, 5
+and 10 s of a 16 kHz mono WAV (beckett.wav), on CUDA and on the CPU: a whole utterance's
+time, and whether the two heard the same words.
 
 Known inputs get real shapes (Silero VAD: 512 samples at 16 kHz and its state; smart-turn:
 8 s of log-mel features; Piper: 100 phoneme ids); any other input gets its declared shape,
@@ -20,6 +26,7 @@ import argparse
 import json
 import statistics
 import time
+import wave
 from pathlib import Path
 from typing import Any
 
@@ -92,18 +99,75 @@ def check(path: Path, runs: int) -> dict[str, Any]:
     }
 
 
+def read_speech(wav: Path) -> np.ndarray:
+    """A 16 kHz mono 16-bit WAV's samples (what Moonshine takes)."""
+    with wave.open(str(wav)) as w:
+        if (w.getframerate(), w.getnchannels(), w.getsampwidth()) != (16000, 1, 2):
+            raise SystemExit(f"{wav}: not 16 kHz mono 16-bit")
+        return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
+
+
+def check_asr(
+    model_dir: Path,
+    wav: Path,
+    runs: int,
+    *,
+    devices: tuple[str, ...] = ("cuda", "cpu"),
+    seconds: tuple[float, ...] = (1.0, 2.5, 5.0, 10.0),
+) -> dict[str, Any]:
+    from agent.voice.asr import MoonshineAsr  # the agent's own decode loop
+
+    pcm = read_speech(wav)
+    asrs = {
+        d: MoonshineAsr(
+            model_dir / "encoder_model.onnx",
+            model_dir / "decoder_model_merged.onnx",
+            model_dir / "tokenizer.json",
+            device=d,
+        )
+        for d in devices
+    }
+    rows = []
+    for secs in seconds:
+        clip = pcm[: int(secs * 16000)]
+        row: dict[str, Any] = {"seconds": secs}
+        for d, asr in asrs.items():
+            text = asr.transcribe(clip)  # and a first run: allocation, kernel choice
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                asr.transcribe(clip)
+                times.append((time.perf_counter() - t0) * 1000)
+            times.sort()
+            row[d] = {
+                "provider": asr.decoder.get_providers()[0],
+                "median_ms": round(statistics.median(times), 2),
+                "p95_ms": round(times[int(0.95 * (len(times) - 1))], 2),
+                "text": text,
+            }
+        row["texts_agree"] = len({row[d]["text"] for d in devices}) == 1
+        rows.append(row)
+    return {"model": model_dir.name, "wav": wav.name, "clips": rows}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("models", nargs="+", type=Path)
+    ap.add_argument("models", nargs="*", type=Path)
+    ap.add_argument("--asr", nargs=2, type=Path, metavar=("MOONSHINE_DIR", "SPEECH_WAV"))
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
-    report = {
+    if not args.models and not args.asr:
+        ap.error("give model files, --asr, or both")
+    report: dict[str, Any] = {
         "onnxruntime": ort.__version__,
         "available_providers": ort.get_available_providers(),
         "device": ort.get_device(),
         "models": [check(p, args.runs) for p in args.models],
     }
+    if args.asr:
+        model_dir, wav = args.asr
+        report["asr"] = check_asr(model_dir, wav, args.runs)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -8,7 +8,7 @@ import onnxruntime  # type: ignore[import-untyped]
 import pytest
 
 from agent.voice import tts, vad
-from bench.gpu_check import check, feeds_for, timed
+from bench.gpu_check import check, check_asr, feeds_for, timed
 from model_runtime.sessions import CPU, ModelRuntimeError, create_session
 from model_runtime.store import default_store
 
@@ -37,3 +37,14 @@ def test_without_cuda_it_stops_and_says_why(monkeypatch: pytest.MonkeyPatch) -> 
     path = default_store().path(vad.MODEL, vad.MODEL_FILE)
     with pytest.raises(ModelRuntimeError, match="no CUDA provider"):
         check(path, runs=1)
+
+
+def test_the_asr_check_transcribes_the_speech_it_times() -> None:
+    """The --asr part on the CPU alone: the agent's Moonshine hears beckett.wav's words."""
+    store = default_store()
+    wav = store.path("beckett", "beckett.wav")
+    model_dir = store.path("moonshine-base-en", "tokenizer.json").parent
+    report = check_asr(model_dir, wav, runs=1, devices=("cpu",), seconds=(2.5,))
+    (row,) = report["clips"]
+    assert row["cpu"]["provider"] == CPU and row["cpu"]["median_ms"] > 0
+    assert "ever tried" in row["cpu"]["text"].lower() and row["texts_agree"]
