@@ -13,6 +13,10 @@ then greedy decoding token by token with past key values) transcribing the first
 and 10 s of a 16 kHz mono WAV (beckett.wav), on CUDA and on the CPU: a whole utterance's
 time, and whether the two heard the same words.
 
+``--streams 1,4,16``: also N threads at once sharing each session (as the calls of one
+bridge share its models): runs per second in all and the latency of one run (for the ASR:
+the 2.5 s clip).
+
 Known inputs get real shapes (Silero VAD: 512 samples at 16 kHz and its state; smart-turn:
 8 s of log-mel features; Piper: 100 phoneme ids); any other input gets its declared shape,
 symbolic dimensions as 1. Prints JSON: per model, the provider each session got, the
@@ -25,8 +29,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import threading
 import time
 import wave
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,7 +88,36 @@ def timed(session: ort.InferenceSession, feeds: dict[str, np.ndarray], runs: int
     }
 
 
-def check(path: Path, runs: int) -> dict[str, Any]:
+def streams(fn: Callable[[], object], counts: Sequence[int], runs: int) -> dict[str, Any]:
+    """``fn`` run by N threads at once (calls sharing one session), ``runs`` each: runs per
+    second in all, and the p50 and p95 of one run, for each N in ``counts``."""
+    out: dict[str, Any] = {}
+
+    def work(times: list[float]) -> None:
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1000)
+
+    for n in counts:
+        times: list[float] = []
+        threads = [threading.Thread(target=work, args=(times,)) for _ in range(n)]
+        t0 = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        times.sort()
+        out[str(n)] = {
+            "runs_per_s": round(len(times) / wall, 1),
+            "p50_ms": round(statistics.median(times), 1),
+            "p95_ms": round(times[int(0.95 * (len(times) - 1))], 1),
+        }
+    return out
+
+
+def check(path: Path, runs: int, counts: Sequence[int] = ()) -> dict[str, Any]:
     rng = np.random.default_rng(0)
     gpu = create_session(path, device="cuda", threads=1)
     cpu = create_session(path, name=f"{path.stem}-cpu", device="cpu", threads=1)
@@ -92,7 +128,8 @@ def check(path: Path, runs: int) -> dict[str, Any]:
                for x, y in zip(a, b, strict=True))  # fmt: skip
     return {
         "model": path.name,
-        "cuda": timed(gpu, feeds, runs),
+        "cuda": timed(gpu, feeds, runs)
+        | {"streams": streams(lambda: gpu.run(None, feeds), counts, max(2, runs // 8))},
         "cpu": timed(cpu, feeds, runs),
         "max_abs_diff": diff,
         "outputs_agree": diff < 1e-2,
@@ -114,6 +151,7 @@ def check_asr(
     *,
     devices: tuple[str, ...] = ("cuda", "cpu"),
     seconds: tuple[float, ...] = (1.0, 2.5, 5.0, 10.0),
+    counts: Sequence[int] = (),
 ) -> dict[str, Any]:
     from agent.voice.asr import MoonshineAsr  # the agent's own decode loop
 
@@ -145,6 +183,9 @@ def check_asr(
                 "p95_ms": round(times[int(0.95 * (len(times) - 1))], 2),
                 "text": text,
             }
+            if secs == 2.5 and counts:  # a typical turn's words, several calls at once
+                turn = partial(asr.transcribe, clip)
+                row[d]["streams"] = streams(turn, counts, max(2, runs // 2))
         row["texts_agree"] = len({row[d]["text"] for d in devices}) == 1
         rows.append(row)
     return {"model": model_dir.name, "wav": wav.name, "clips": rows}
@@ -155,19 +196,22 @@ def main() -> None:
     ap.add_argument("models", nargs="*", type=Path)
     ap.add_argument("--asr", nargs=2, type=Path, metavar=("MOONSHINE_DIR", "SPEECH_WAV"))
     ap.add_argument("--runs", type=int, default=50)
+    ap.add_argument("--streams", default="", metavar="N,N,...",
+                    help="also N threads at once sharing each session, e.g. 1,4,16")  # fmt: skip
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    counts = [int(n) for n in args.streams.split(",") if n.strip()]
     if not args.models and not args.asr:
         ap.error("give model files, --asr, or both")
     report: dict[str, Any] = {
         "onnxruntime": ort.__version__,
         "available_providers": ort.get_available_providers(),
         "device": ort.get_device(),
-        "models": [check(p, args.runs) for p in args.models],
+        "models": [check(p, args.runs, counts) for p in args.models],
     }
     if args.asr:
         model_dir, wav = args.asr
-        report["asr"] = check_asr(model_dir, wav, args.runs)
+        report["asr"] = check_asr(model_dir, wav, args.runs, counts=counts)
     text = json.dumps(report, indent=2)
     print(text)
     if args.out:

@@ -42,11 +42,14 @@ Device = Literal["auto", "cuda", "cpu"]
 TENSORRT = "TensorrtExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 CPU = "CPUExecutionProvider"
-_GPU_PROVIDERS = (TENSORRT, CUDA)
+#: TensorRT is not asked for: it builds an engine per input shape (every Piper sentence is
+#: one), and where its libraries are missing onnxruntime retries with bare provider names,
+#: dropping CUDA_OPTIONS: Piper then took 745 ms a sentence on an H100, not 113.
+_GPU_PROVIDERS = (CUDA,)
 #: The CUDA provider's options. cuDNN's default search (EXHAUSTIVE) times every convolution
 #: algorithm for each new input shape, and Piper's output length changes with every
 #: sentence: on an H100 a 100-phoneme sentence took 911 ms (median of 15; 21 ms at best)
-#: against 88 ms with DEFAULT and 326 ms on one CPU core (bench/gpu_check.py, 2026-11-26).
+#: against 88-113 ms with DEFAULT and 326 ms on one CPU core (bench/gpu_check.py, 2026-11-26).
 CUDA_OPTIONS = {"cudnn_conv_algo_search": "DEFAULT"}
 
 _OPTIMIZATION = {

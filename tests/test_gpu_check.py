@@ -44,7 +44,9 @@ def test_the_asr_check_transcribes_the_speech_it_times() -> None:
     store = default_store()
     wav = store.path("beckett", "beckett.wav")
     model_dir = store.path("moonshine-base-en", "tokenizer.json").parent
-    report = check_asr(model_dir, wav, runs=1, devices=("cpu",), seconds=(2.5,))
+    report = check_asr(model_dir, wav, runs=1, devices=("cpu",), seconds=(2.5,), counts=(2,))
     (row,) = report["clips"]
     assert row["cpu"]["provider"] == CPU and row["cpu"]["median_ms"] > 0
     assert "ever tried" in row["cpu"]["text"].lower() and row["texts_agree"]
+    two = row["cpu"]["streams"]["2"]  # two threads at once, two runs each
+    assert two["runs_per_s"] > 0 and 0 < two["p50_ms"] <= two["p95_ms"]

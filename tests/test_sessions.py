@@ -33,12 +33,12 @@ ROCM = "ROCMExecutionProvider"
     [
         ("auto", [AZURE, CPU], [CPU]),
         ("auto", [CUDA, CPU], [CUDA, CPU]),
-        ("auto", [CPU, CUDA, TENSORRT], [TENSORRT, CUDA, CPU]),  # our order, not ORT's
-        ("auto", [TENSORRT, CPU], [TENSORRT, CPU]),
+        ("auto", [CPU, CUDA, TENSORRT], [CUDA, CPU]),  # our order, not ORT's; no TensorRT
+        ("auto", [TENSORRT, CPU], [CPU]),
         ("auto", [ROCM, CPU], [CPU]),
         ("auto", [], [CPU]),
         ("cuda", [CUDA, CPU], [CUDA, CPU]),
-        ("cuda", [TENSORRT, CUDA, CPU, AZURE], [TENSORRT, CUDA, CPU]),
+        ("cuda", [TENSORRT, CUDA, CPU, AZURE], [CUDA, CPU]),
         ("cpu", [TENSORRT, CUDA, CPU], [CPU]),
         ("cpu", [AZURE, CPU], [CPU]),
     ],
