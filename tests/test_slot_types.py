@@ -202,6 +202,26 @@ def test_a_number_slot_with_min_and_max_and_a_text_slot(tmp_path: Path) -> None:
     assert say("A high chair, please.") == "A table for 4, noted: A high chair, please."
 
 
+@pytest.mark.parametrize(
+    ("heard", "name"),
+    [("Um, Bob Jones.", "Bob Jones"), ("Bob Jones, uh...", "Bob Jones"), ("Uh, um,", None),
+     ("Um,", None), ("Emma", "Emma"), ("Umberto Eco.", "Umberto Eco")],
+)  # fmt: skip
+def test_a_text_slot_leaves_out_hesitations_and_waits_for_a_name(
+    heard: str, name: str | None
+) -> None:
+    """The booking's name: "Um," alone (the caller still thinking, or the ASR's guess at
+    half a word) is no name; it gets the slot's retry, which the voice agent holds until
+    the caller has been quiet, rather than "I have Um. Is that right?"."""
+    engine = DialogueEngine(BOOKING, today=lambda: TODAY)
+    assert "what name" in said(engine, "I'd like a cleaning on Monday at ten").lower()
+    reply = said(engine, heard)
+    if name is None:
+        assert engine.last_missed and "is that right" not in reply.lower()
+    else:
+        assert reply == f"I have {name}. Is that right?"
+
+
 # a date that proves who calls (the one on the letter they got): a sensitive date slot
 VERIFY = """
 [agent]

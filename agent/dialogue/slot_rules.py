@@ -22,8 +22,10 @@ from agent.dialogue.slot_values import (
     time_from_keys,
 )
 from agent.dialogue.spoken_numbers import digit_runs, yes_no
+from agent.words import normalize
 
 __all__ = [
+    "HESITATIONS",
     "KEYED",
     "PREFILLED",
     "confirm_format",
@@ -33,6 +35,11 @@ __all__ = [
     "problem",
     "settle",
 ]
+
+#: Sounds a caller makes while thinking, as the ASR spells them: no part of a free-text
+#: answer ("Um, Bob Jones." is "Bob Jones"; "Um," alone is no name yet: the caller is still
+#: thinking, and the agent's retry waits for them to go on).
+HESITATIONS = frozenset(("um", "umm", "uh", "uhm", "er", "erm", "ah", "eh", "hmm", "mm"))
 
 #: Slot types typed on the keypad as an entry (ended by '#', its length or a pause).
 KEYED = ("digits", "date", "time", "number")
@@ -58,7 +65,17 @@ def hear(slot: SlotSpec, words: Sequence[str], text: str, today: dt.date) -> Hea
         return read_number(words)
     if slot.kind == "choice":
         return read_choice(words, dict(slot.options))
-    said = " ".join(text.split()).rstrip(".!?,;: ")  # the words as heard; the template ends it
+    return _free_text(text)
+
+
+def _free_text(text: str) -> Heard | None:
+    """The words as heard, without hesitations at either end (the template ends them)."""
+    tokens = text.split()
+    while tokens and all(w in HESITATIONS for w in normalize(tokens[0])):
+        tokens.pop(0)
+    while tokens and all(w in HESITATIONS for w in normalize(tokens[-1])):
+        tokens.pop()
+    said = " ".join(tokens).rstrip(".!?,;: ")
     return Heard(said) if said else None
 
 
