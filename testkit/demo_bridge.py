@@ -100,3 +100,28 @@ def stop_transfer_target(proc: subprocess.Popen[str], timeout_s: float = 10.0) -
         proc.kill()
         out, _ = proc.communicate()
     return proc.returncode, out or ""
+
+
+def records_digest(data: Path) -> str:
+    """What the bridge heard and said, call by call (its call records in ``data``), for a
+    failed script's message: a misheard turn shows here with its timings."""
+    from sip_bridge.ops.records import CallRecords  # only when a script failed
+
+    path = data / "calls.sqlite"
+    if not path.exists():
+        return "(no call records)"
+    store = CallRecords(path, readonly=True)
+    lines = []
+    try:
+        for call in reversed(store.list(limit=100)):
+            shown = store.show(call["call_id"]) or {}
+            lines.append(f"call {call['call_id'][:8]} (outcome {call.get('outcome')}):")
+            for t in shown.get("turns", []):
+                tm = t["timings"] or {}
+                keys = ("end_of_turn", "asr_tail", "tts_first_audio", "barged_in", "input")
+                timing = ", ".join(f"{k} {tm[k]}" for k in keys if k in tm)
+                lines.append(f"  #{t['idx']} {t['caller_text']!r} -> "
+                             f"{(t['agent_text'] or '')[:70]!r} ({timing})")  # fmt: skip
+    finally:
+        store.close()
+    return "\n".join(lines)

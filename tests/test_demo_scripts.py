@@ -27,6 +27,7 @@ from testkit.demo_bridge import (
     DEMO_SCRIPTS,
     ROOT,
     TRANSFER_TARGETS,
+    records_digest,
     shipped_bridge,
     start_transfer_target,
     stop_transfer_target,
@@ -61,6 +62,7 @@ class ScriptRun:
     steps: dict[int, tuple[str, str]]  # step number -> (PASS/FAIL/SKIP, detail)
     output: str  # what the runners printed
     sipp: tuple[int, str] | None  # the transfer target's exit status and output
+    records: str  # what the bridge heard and said in every call (its call records)
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +89,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScriptR
         outputs.append(out)
         assert lane.returncode in (0, 1), f"the plain scripts -> {lane.returncode}:\n{out}"
     text = "\n".join(outputs)
+    heard = records_digest(tmp / "data")
     results: dict[str, ScriptRun] = {}
     for junit in tmp.glob("*.xml"):
         for suite in ET.parse(junit).getroot():
@@ -96,7 +99,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScriptR
                 if m:
                     steps[int(m.group(1))] = _status(case)
             name = Path(suite.get("file", "")).stem
-            results[name] = ScriptRun(steps, text, sipp.get(name))
+            results[name] = ScriptRun(steps, text, sipp.get(name), heard)
     yield results
 
 
@@ -148,7 +151,7 @@ def test_demo_script(runs: dict[str, ScriptRun], script: str) -> None:
         if s[0] != "PASS" and n not in known
         and not (s[0] == "SKIP" and first_known is not None and n > first_known)
     }  # fmt: skip
-    assert not unexpected, f"{script}: {unexpected}\n{run.output}"
+    assert not unexpected, f"{script}: {unexpected}\n{run.output}\n{run.records}"
     if run.sipp is not None:
         rc, out = run.sipp
         assert rc == 0, f"the transfer target's sipp scenario failed:\n{out[-2000:]}"
