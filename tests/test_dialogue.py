@@ -568,3 +568,16 @@ def test_understands_is_what_respond_would_make_of_it_and_changes_nothing(
     twin = e.fork()
     parts = _turn(twin, text)
     assert understood == (bool(parts) and not twin.last_missed), _said(parts)
+
+
+def test_understands_a_free_text_slot_being_confirmed_as_respond_does() -> None:
+    """Asked "I have Bob Jones. Is that right?", only yes or no is an answer: a hum spelled
+    as words is not a new name (respond repeats the question), so it lets a reply go on."""
+    e = DialogueEngine(load_profile(ROOT / "config" / "agents" / "booking.toml"))
+    _turn(e, "I'd like a cleaning on Monday at ten")
+    assert _said(_turn(e, "Bob Jones")) == "I have Bob Jones. Is that right?"
+    assert not e.understands("A minimum.")
+    assert e.understands("Yes.") and e.understands("No.")
+    twin = e.fork()
+    _turn(twin, "A minimum.")
+    assert twin.last_missed

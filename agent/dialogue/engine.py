@@ -213,14 +213,35 @@ class DialogueEngine:
                 yield part
             return
         self.turns += 1
+        parts = self._by_rules(text, normalize(text))
+        if parts is None:
+            async for part in self._ask_llm():
+                yield part
+            parts = self._after_turn()
+        for part in parts:
+            yield part
+
+    def understands(self, text: str) -> bool:
+        """Whether :meth:`respond` would make sense of ``text`` now (an intent, an answer to
+        the slot or the question asked, or anything at all when an LLM answers what no rule
+        does) rather than give the fallback or a retry. Changes nothing (a fork answers):
+        the voice agent asks it of a few words said over its reply ("A minimum." for a
+        hummed "mm-hmm")."""
         words = normalize(text)
+        if self.ended or not words:
+            return False
+        twin = self.fork()
+        twin.last_missed = False
+        return twin._by_rules(text, words) is None or not twin.last_missed
+
+    def _by_rules(self, text: str, words: Sequence[str]) -> list[ReplyPart] | None:
+        """The rules' answer to a turn, ending with what follows any turn; None when no
+        rule had one and the LLM answers."""
         intent: Intent | None = None
         if self._pending is not None:
             slot = self.profile.slots[self._pending]
             if self._confirming is not None:  # "the fifteenth, is that right?"
-                for part in self._confirmed(slot, words, text) + self._after_turn():
-                    yield part
-                return
+                return self._confirmed(slot, words, text) + self._after_turn()
             heard = hear(slot, words, text, self._today())
             intent = self._match(words)
             if heard is not None or intent is None or intent is self._intent:
@@ -229,38 +250,14 @@ class DialogueEngine:
                     if heard is not None
                     else self._miss(slot.retry.render(self._vars))
                 )
-                for part in parts + self._after_turn():
-                    yield part
-                return
+                return parts + self._after_turn()
         else:
             intent = self._match(words)
         if intent is not None:
-            parts = self._begin(intent, words, confidence_of(text))
-        elif self.llm is not None:
-            async for part in self._ask_llm():
-                yield part
-            parts = []
-        else:
-            parts = self._miss(None)
-        for part in parts + self._after_turn():
-            yield part
-
-    def understands(self, text: str) -> bool:
-        """Whether :meth:`respond` would make sense of ``text`` now (an intent, an answer to
-        the slot or the question asked, or anything at all when an LLM answers what no rule
-        does) rather than give the fallback or a retry. Changes nothing: the voice agent
-        asks it of a few words said over its reply ("A minimum." for a hummed "mm-hmm")."""
-        words = normalize(text)
-        if self.ended or not words:
-            return False
-        if self.llm is not None or self._match(words) is not None:
-            return True
-        if self._pending is None:
-            return False
-        slot = self.profile.slots[self._pending]
-        if self._confirming is not None and yes_no(words) is not None:
-            return True
-        return hear(slot, words, text, self._today()) is not None
+            return self._begin(intent, words, confidence_of(text)) + self._after_turn()
+        if self.llm is not None:
+            return None
+        return self._miss(None) + self._after_turn()
 
     def press(self, digit: str, now: float | None = None) -> KeyTurn | None:
         """One key. A :class:`KeyTurn` when it makes a turn: a menu key, a yes/no key, or the
