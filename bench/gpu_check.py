@@ -72,48 +72,45 @@ def feeds_for(session: ort.InferenceSession, rng: np.random.Generator) -> dict[s
     return out
 
 
+def run_times(fn: Callable[[], object], runs: int, into: list[float] | None = None) -> list[float]:
+    """Milliseconds of each of ``runs`` calls of ``fn`` (appended to ``into`` if given)."""
+    times = [] if into is None else into
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def median_p95(times: list[float], digits: int) -> tuple[float, float]:
+    """The median and the nearest-rank p95 of ``times``, rounded."""
+    ordered = sorted(times)
+    p95 = ordered[int(0.95 * (len(ordered) - 1))]
+    return round(statistics.median(ordered), digits), round(p95, digits)
+
+
 def timed(session: ort.InferenceSession, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
     for _ in range(3):  # first runs: allocation, kernel choice
         session.run(None, feeds)
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        session.run(None, feeds)
-        times.append((time.perf_counter() - t0) * 1000)
-    times.sort()
-    return {
-        "provider": session.get_providers()[0],
-        "median_ms": round(statistics.median(times), 3),
-        "p95_ms": round(times[int(0.95 * (len(times) - 1))], 3),
-    }
+    median, p95 = median_p95(run_times(lambda: session.run(None, feeds), runs), 3)
+    return {"provider": session.get_providers()[0], "median_ms": median, "p95_ms": p95}
 
 
 def streams(fn: Callable[[], object], counts: Sequence[int], runs: int) -> dict[str, Any]:
     """``fn`` run by N threads at once (calls sharing one session), ``runs`` each: runs per
     second in all, and the p50 and p95 of one run, for each N in ``counts``."""
     out: dict[str, Any] = {}
-
-    def work(times: list[float]) -> None:
-        for _ in range(runs):
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1000)
-
     for n in counts:
-        times: list[float] = []
-        threads = [threading.Thread(target=work, args=(times,)) for _ in range(n)]
+        times: list[float] = []  # (list.append is atomic: the threads share it)
+        threads = [threading.Thread(target=run_times, args=(fn, runs, times)) for _ in range(n)]
         t0 = time.perf_counter()
         for t in threads:
             t.start()
         for t in threads:
             t.join()
         wall = time.perf_counter() - t0
-        times.sort()
-        out[str(n)] = {
-            "runs_per_s": round(len(times) / wall, 1),
-            "p50_ms": round(statistics.median(times), 1),
-            "p95_ms": round(times[int(0.95 * (len(times) - 1))], 1),
-        }
+        p50, p95 = median_p95(times, 1)
+        out[str(n)] = {"runs_per_s": round(len(times) / wall, 1), "p50_ms": p50, "p95_ms": p95}
     return out
 
 
@@ -170,21 +167,16 @@ def check_asr(
         clip = pcm[: int(secs * 16000)]
         row: dict[str, Any] = {"seconds": secs}
         for d, asr in asrs.items():
-            text = asr.transcribe(clip)  # and a first run: allocation, kernel choice
-            times = []
-            for _ in range(runs):
-                t0 = time.perf_counter()
-                asr.transcribe(clip)
-                times.append((time.perf_counter() - t0) * 1000)
-            times.sort()
+            turn = partial(asr.transcribe, clip)
+            text = turn()  # and a first run: allocation, kernel choice
+            median, p95 = median_p95(run_times(turn, runs), 2)
             row[d] = {
                 "provider": asr.decoder.get_providers()[0],
-                "median_ms": round(statistics.median(times), 2),
-                "p95_ms": round(times[int(0.95 * (len(times) - 1))], 2),
+                "median_ms": median,
+                "p95_ms": p95,
                 "text": text,
             }
             if secs == 2.5 and counts:  # a typical turn's words, several calls at once
-                turn = partial(asr.transcribe, clip)
                 row[d]["streams"] = streams(turn, counts, max(2, runs // 2))
         row["texts_agree"] = len({row[d]["text"] for d in devices}) == 1
         rows.append(row)
