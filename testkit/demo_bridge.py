@@ -102,6 +102,15 @@ def stop_transfer_target(proc: subprocess.Popen[str], timeout_s: float = 10.0) -
     return proc.returncode, out or ""
 
 
+def script_reports(output: str, names: Sequence[str]) -> str:
+    """The whole report of each script in ``names`` from ``sip-bridge script`` output
+    (one "script NAME (FILE): ..." section per script): a failed script's steps, however
+    long the others' reports are."""
+    sections = re.split(r"^(?=script \S+ \()", output, flags=re.M)
+    picked = [s for s in sections if any(s.startswith(f"script {n} (") for n in names)]
+    return "".join(picked) or output[-4000:]
+
+
 def records_digest(data: Path) -> str:
     """What the bridge heard and said, call by call (its call records in ``data``), for a
     failed script's message: a misheard turn shows here with its timings."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from testkit.demo_bridge import ROOT, records_digest, shipped_bridge
+from testkit.demo_bridge import ROOT, records_digest, script_reports, shipped_bridge
 
 # serial: three calls at once, words and timing heard
 pytestmark = [pytest.mark.serial, pytest.mark.timeout(600)]
@@ -40,14 +40,28 @@ def test_the_booking_scripts_pass(tmp_path: Path) -> None:
              "--uri", bridge.uri, "--parallel", "3", "--junit", str(junit)],
             cwd=ROOT, capture_output=True, text=True, timeout=540,
         )  # fmt: skip
-    failed = [
-        f"{suite.get('name')}: {case.get('name')}: {el.get('message')}"
+    failures = [
+        (str(suite.get("name")), f"{case.get('name')}: {el.get('message')}")
         for suite in ET.parse(junit).getroot()
         for case in suite.iter("testcase")
         for el in case.findall("failure")
     ]
+    failed = [f"{name}: {why}" for name, why in failures]
     if proc.returncode != 0 or failed:  # what the bridge heard, with the runner's tail
         heard = records_digest(tmp_path / "data")
-        pytest.fail("\n".join(failed) + "\n" + proc.stdout[-4000:] + "\n" + heard)
+        reports = script_reports(proc.stdout, [name for name, _ in failures])
+        pytest.fail("\n".join(failed) + "\n" + reports + "\n" + heard)
     cases = [c for s in ET.parse(junit).getroot() for c in s.iter("testcase")]
     assert len(cases) == 16 + 18 + 26  # every step of the three scripts was played
+
+
+def test_a_failed_scripts_whole_report_is_picked_from_the_runners_output() -> None:
+    out = (
+        "script a-one (a.toml): sip:x\n  [ 1] PASS\n  PASS: 1/1\n"
+        "script b-two (b.toml): sip:x\n  [ 1] FAIL\n  [ 2] SKIP\n  FAIL: 0/2\n"
+        "script c-three (c.toml): sip:x\n  [ 1] PASS\n2/3 scripts passed\n"
+    )
+    assert script_reports(out, ["b-two"]) == (
+        "script b-two (b.toml): sip:x\n  [ 1] FAIL\n  [ 2] SKIP\n  FAIL: 0/2\n"
+    )
+    assert script_reports(out, []) == out  # no junit failure: the tail as it was
