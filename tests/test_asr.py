@@ -23,7 +23,7 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.transcript import Transcript
-from agent.voice.asr import IncrementalTranscriber, MoonshineAsr, Tokenizer
+from agent.voice.asr import LEAD_S, TAIL_S, IncrementalTranscriber, MoonshineAsr, Tokenizer, framed
 from resample.resampler import Resampler
 from testkit.models import model_file as _model_file
 
@@ -130,9 +130,11 @@ def test_decode_is_capped_by_audio_length(asr: MoonshineAsr) -> None:
     looping = MoonshineAsr.__new__(MoonshineAsr)
     looping.__dict__.update(asr.__dict__)
     looping.decoder = Looping(asr.decoder)
-    one_s = _beckett()[RATE : 2 * RATE]
-    assert len(looping.tokens(one_s)) == asr.max_tokens(one_s.size) == 11
-    assert looping.transcribe(one_s) == " ".join(["a"] * 11)
+    one_s = _beckett()[RATE : 2 * RATE]  # speech to both edges: framed, 1.3 s
+    heard = framed((one_s / 32768).astype(np.float32), RATE).size
+    assert heard == 1.3 * RATE
+    assert len(looping.tokens(one_s)) == asr.max_tokens(heard) == 13
+    assert looping.transcribe(one_s) == " ".join(["a"] * 13)
 
 
 def test_the_transcript_carries_the_least_sure_words_probability(asr: MoonshineAsr) -> None:
@@ -332,3 +334,49 @@ def test_snapshot_reads_the_utterance_so_far_and_leaves_it_open(asr: MoonshineAs
     assert _wer(BECKETT, whole) <= 0.1
     t.forget()
     assert t.finish().result(60) == ""  # nothing left: the snapshot took it all
+
+
+def _tone(seconds: float, dbfs: float) -> NDArray[np.float32]:
+    t = np.arange(int(seconds * RATE)) / RATE
+    tone: NDArray[np.float32] = np.sin(2 * np.pi * 440 * t).astype(np.float32)
+    return tone * np.float32(np.sqrt(2) * 10 ** (dbfs / 20))
+
+
+def _quiet(seconds: float) -> NDArray[np.float32]:
+    return np.zeros(int(seconds * RATE), np.float32)
+
+
+def test_a_clip_is_framed_with_the_same_quiet_before_and_after_its_sound() -> None:
+    sound = _tone(0.5, -30)
+    out = framed(np.concatenate([_quiet(0.4), sound, _quiet(0.4)]), RATE)
+    lead, tail = round(LEAD_S * RATE), round(TAIL_S * RATE)
+    assert out.size == lead + sound.size + tail
+    assert not np.any(out[:lead]) and not np.any(out[-tail:])
+    np.testing.assert_array_equal(out[lead : lead + sound.size], sound)
+
+
+def test_the_same_words_framed_apart_are_the_same_clip() -> None:
+    """The VAD's windows and the pause's timing moved a live clip's edges from call to call
+    (20 ms packets: by whole packets); framed, the model gets one clip for them all."""
+    sound = _tone(0.5, -30)
+    clips = [
+        framed(np.concatenate([_quiet(lead), sound, _quiet(tail)]), RATE)
+        for lead, tail in ((0.06, 0.1), (0.1, 0.3), (0.24, 0.2), (0.0, 0.0))
+    ]
+    for clip in clips[1:]:
+        np.testing.assert_array_equal(clip, clips[0])
+
+
+def test_framing_on_a_noisy_line_finds_the_words_over_the_hiss() -> None:
+    rng = np.random.default_rng(3)
+    noise = (rng.standard_normal(int(1.3 * RATE)) * 10 ** (-52 / 20)).astype(np.float32)
+    clip = noise.copy()
+    clip[int(0.5 * RATE) : int(0.9 * RATE)] += _tone(0.4, -30)
+    out = framed(clip, RATE)
+    assert abs(out.size / RATE - (LEAD_S + 0.4 + TAIL_S)) <= 0.011
+    np.testing.assert_array_equal(out, clip[int(0.35 * RATE) : int(0.35 * RATE) + out.size])
+
+
+def test_framing_leaves_a_clip_without_a_sound_as_it_is() -> None:
+    for clip in (_quiet(0.5), _tone(0.5, -70), np.zeros(3, np.float32)):
+        np.testing.assert_array_equal(framed(clip, RATE), clip)
