@@ -60,6 +60,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.figures import pct
 from bench.load_caller import CallResult, LoadCall, Voices
 from sip_bridge.config.loader import load_config
 from sip_bridge.ops.control import ControlError, query
@@ -137,10 +138,6 @@ def scrape(url: str) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- figures
-def pct(xs: list[float], q: float) -> float | None:
-    return round(float(np.percentile(xs, q)), 1) if xs else None
-
-
 def _ms(xs: list[float]) -> dict[str, Any]:
     ms = [1000 * x for x in xs]
     return {
@@ -191,7 +188,7 @@ def summarise(results: list[CallResult]) -> dict[str, Any]:
         },
         "keypad_turn_latency_ms": _ms(keys),
         "dead_air_s": {
-            "p99": round(float(np.percentile(dead, 99)), 3) if dead else None,
+            "p99": pct(dead, 99, 3),
             "max": round(max(dead), 3) if dead else None,
             "n": len(dead),
         },

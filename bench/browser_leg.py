@@ -33,6 +33,7 @@ import av
 import numpy as np
 from aiortc import MediaStreamTrack, RTCConfiguration, RTCPeerConnection, RTCSessionDescription
 
+from bench.figures import pct
 from sip_bridge.web.webrtc_leg import gathering_on
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -171,7 +172,7 @@ async def run(sessions: int, duration: float) -> dict[str, Any]:
             "sessions": sessions,
             "listed_live": live,
             "heard_own_tone": heard_own,
-            "setup_ms_p50": round(float(np.percentile(setup_ms, 50)), 1) if setup_ms else None,
+            "setup_ms_p50": pct(setup_ms, 50),
             "setup_ms_max": round(max(setup_ms), 1) if setup_ms else None,
             "bridge_cpu_pct_per_session": round(100 * cpu / sessions, 2),
             "bridge_cpu_pct": round(100 * cpu, 1),

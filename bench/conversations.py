@@ -53,6 +53,7 @@ from numpy.typing import NDArray
 
 from agent.base import AgentOutput, CallInfo
 from agent.voice.voice_agent import VoiceAgent
+from bench.figures import pct
 from resample import Resampler
 from sip_bridge.script.script_file import Script, Speak, load_script
 from sip_bridge.script.script_leg import LineOptions
@@ -109,10 +110,6 @@ class Cell:
         erl, delay = (None, 60.0) if self.echo == "none" else map(float, self.echo.split("@"))
         return LineOptions(level_dbfs=self.level, loss_pct=self.loss, echo_erl_db=erl,
                            echo_delay_ms=delay, seed=seed)  # fmt: skip
-
-
-def pct(xs: list[float], q: float) -> float | None:
-    return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
 # ---------------------------------------------------------------- human speech

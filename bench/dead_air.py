@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from bench.figures import pct
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config.loader import DEMO_PROFILE, load_config
@@ -242,7 +243,7 @@ async def main(runs: int, save: Path | None = None) -> dict[str, Any]:
         "bench": "dead_air",
         "flows": results,
         "longest_s": max(gs, default=0.0),
-        "p99_s": round(float(np.percentile(gs, 99)), 3) if gs else None,
+        "p99_s": pct(gs, 99, 3),
         "total_s": round(sum(gs), 3),
         "gaps": len(gs),
         "keypad_first_audio_ms": keypad,

@@ -36,6 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.figures import pct
+
 if TYPE_CHECKING:
     from agent.voice.voice_agent import VoiceAgent
     from sip_bridge.server import BridgeServer
@@ -57,10 +59,6 @@ Series = Sequence[dict[str, Any]]
 
 
 # -- the summary and its verdicts (pure: tests/test_long_call_bench.py) --------------------
-
-
-def _pct(xs: Sequence[float], q: float) -> float | None:
-    return round(float(np.percentile(xs, q)), 1) if len(xs) else None
 
 
 def _slope_per_h(t_min: Sequence[float], y: Sequence[float]) -> float | None:
@@ -94,13 +92,13 @@ def _latency(turns: Series, first_end: float, last_start: float) -> dict[str, An
 
     first, last = lat(-1.0, first_end), lat(last_start, float("inf"))
     allv = lat(-1.0, float("inf"))
-    f50, l50 = _pct(first, 50), _pct(last, 50)
-    f95, l95 = _pct(first, 95), _pct(last, 95)
+    f50, l50 = pct(first, 50), pct(last, 50)
+    f95, l95 = pct(first, 95), pct(last, 95)
     return {
         "turns": len(turns),
         "answered": len(allv),
         "unanswered": len(turns) - len(allv),
-        "all": {"p50": _pct(allv, 50), "p95": _pct(allv, 95), "max": _pct(allv, 100)},
+        "all": {"p50": pct(allv, 50), "p95": pct(allv, 95), "max": pct(allv, 100)},
         "first_window": {"n": len(first), "p50": f50, "p95": f95},
         "last_window": {"n": len(last), "p50": l50, "p95": l95},
         "ratio_p50": round(l50 / f50, 3) if f50 and l50 is not None else None,

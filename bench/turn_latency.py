@@ -29,6 +29,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.voice.voice_agent import TurnTiming, VoiceAgent
+from bench.figures import pct
 from sip_bridge.agents import make_agent
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.server import BridgeServer
@@ -45,10 +46,6 @@ QUESTIONS = [
     "One two three four five.",
     "When do you close?",
 ]
-
-
-def pct(xs: list[float], q: float) -> float | None:
-    return round(float(np.percentile(xs, q)), 1) if xs else None
 
 
 async def _one_caller(

@@ -1,0 +1,17 @@
+"""Figures for the benches' JSON: percentiles rounded as a report shows them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from numpy.typing import NDArray
+
+__all__ = ["pct"]
+
+
+def pct(xs: Sequence[float] | NDArray[np.float64], q: float, digits: int = 1) -> float | None:
+    """The ``q``-th percentile of ``xs`` rounded to ``digits`` (None when there are none)."""
+    if len(xs) == 0:
+        return None
+    return round(float(np.percentile(np.asarray(xs, dtype=np.float64), q)), digits)
