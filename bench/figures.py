@@ -7,11 +7,12 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import NDArray
 
+from sip_bridge.script.script_report import percentile
+
 __all__ = ["pct"]
 
 
 def pct(xs: Sequence[float] | NDArray[np.float64], q: float, digits: int = 1) -> float | None:
     """The ``q``-th percentile of ``xs`` rounded to ``digits`` (None when there are none)."""
-    if len(xs) == 0:
-        return None
-    return round(float(np.percentile(np.asarray(xs, dtype=np.float64), q)), digits)
+    value = percentile(xs, q)
+    return None if value is None else round(value, digits)

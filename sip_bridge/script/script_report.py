@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import NDArray
 
 from sip_bridge.script.script_actions import StepResult, Summary
 from sip_bridge.script.script_file import Script
@@ -48,8 +49,9 @@ class CallReport:
         )
 
 
-def percentile(values: Sequence[float], q: float) -> float | None:
-    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if values else None
+def percentile(values: Sequence[float] | NDArray[np.float64], q: float) -> float | None:
+    """The ``q``-th percentile of ``values`` (a list or an array); None when there are none."""
+    return float(np.percentile(np.asarray(values, dtype=np.float64), q)) if len(values) else None
 
 
 def format_step(r: StepResult) -> str:
