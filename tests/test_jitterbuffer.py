@@ -32,6 +32,7 @@ class Pkt:
     marker: bool = False
     ssrc: int = 1234
     cn: bool = False
+    event: bool = False  # an RFC 4733 event: takes a sequence number, carries no audio
 
     @property
     def ts(self) -> int:
@@ -77,7 +78,9 @@ def drive(pkts: list[Pkt], jb: JitterBuffer | None = None, extra_s: float = 0.3)
     while t <= end:
         while i < len(order) and order[i].arrival <= t:
             p = order[i]
-            if p.cn:
+            if p.event:
+                jb.skip_sequence(p.seq & 0xFFFF, p.ssrc)
+            elif p.cn:
                 jb.push_comfort_noise(p.seq & 0xFFFF, p.ts, 40, p.arrival, p.ssrc)
             else:
                 jb.push(p.seq & 0xFFFF, p.ts, pcm_at(p.ts_ext, p.n), p.arrival, p.marker, p.ssrc)
@@ -174,6 +177,46 @@ def test_lost_packet_is_concealed_and_counted() -> None:
     run = drive(pkts)
     s = run.jb.stats
     assert s.lost == 1 and s.concealed == 1 and s.late == 0
+
+
+def key_press(pkts: list[Pkt], first: int, count: int) -> list[Pkt]:
+    """``pkts`` with ``count`` audio packets from ``first`` taken by a key's event packets
+    (same SSRC, same sequence numbers and arrival times), as RFC 4733 senders do."""
+    out = list(pkts)
+    for i in range(first, first + count):
+        p = out[i]
+        out[i] = Pkt(p.seq, pkts[first].ts_ext, p.n, p.arrival, ssrc=p.ssrc, event=True)
+    return out
+
+
+def test_a_key_press_taking_audio_sequence_numbers_is_no_loss_and_not_concealed() -> None:
+    pkts = stream(100)
+    keyed = drive(key_press(pkts, 40, 6)).jb.stats
+    assert (keyed.lost, keyed.concealed, keyed.late, keyed.resyncs) == (0, 0, 0, 0)
+    assert keyed.comfort_noise >= 6  # the key's 120 ms is a pause
+    dropped = drive(pkts[:40] + pkts[46:]).jb.stats  # the same gap, had they been lost
+    assert dropped.lost == 6 and dropped.concealed > 0
+
+
+def test_a_key_press_after_the_audio_it_preceded_still_fills_its_numbers() -> None:
+    pkts = key_press(stream(100), 40, 3)
+    for i in (40, 41, 42):
+        pkts[i].arrival += 0.1  # arrive after packet 43
+    s = drive(pkts).jb.stats
+    assert s.lost == 0 and s.resyncs == 0
+
+
+def test_an_event_of_another_stream_or_far_away_changes_nothing() -> None:
+    jb = JitterBuffer(RATE)
+    jb.skip_sequence(7, 99)  # before any audio: nothing to number it against
+    for p in stream(10):
+        jb.push(p.seq, p.ts, pcm_at(p.ts_ext, p.n), p.arrival, False, p.ssrc)
+    jb.skip_sequence(1012, 4321)  # another SSRC
+    jb.skip_sequence(1010 + 5000, 1234)  # a jump no stream makes
+    jb.skip_sequence(1005, 1234)  # already received
+    p = stream(12)[11]
+    jb.push(p.seq, p.ts, pcm_at(p.ts_ext, p.n), p.arrival, False, p.ssrc)
+    assert jb.stats.lost == 1 and jb.stats.duplicates == 0  # 1010 alone is missing
 
 
 def test_late_packet_counted_late_and_dropped() -> None:

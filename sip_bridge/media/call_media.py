@@ -236,6 +236,7 @@ class CallMedia(ClockedCall):
         self.rtcp = RtcpLink(session, p.rtcp_remote, mux=p.rtcp_mux, latch=p.latch)
         self.rtcp.srtp = self.srtp
         self.receiver.on_accepted = session.on_rtp_received  # one call less per packet
+        self.receiver.on_event_packet = session.on_event_received
         try:
             if not p.rtcp_mux:
                 self._rtcp_transport = await bind_rtcp(self._lease.transport, self.rtcp)

@@ -60,17 +60,22 @@ class ReceptionStats:
         self.last_sr: tuple[int, float] | None = None  # (LSR, arrival time)
 
     def on_packet(self, seq: int, timestamp: int, arrival: float) -> None:
+        self.on_untimed_packet(seq)
+        self.jitter.update(arrival, timestamp)
+
+    def on_untimed_packet(self, seq: int) -> None:
+        """Count a packet for the loss figures only (:meth:`on_packet` adds the jitter).
+        RFC 4733 events come here directly: their timestamp is the key's start, the same
+        in every packet of a key, so it says nothing of jitter."""
         m = self.max_seq
         if m is not None and seq == (m + 1) & 0xFFFF:  # the next one: no unwrapping to do
             self.max_seq = m + 1
             self.received += 1
-            self.jitter.update(arrival, timestamp)
             return
         ext = unwrap_seq(self.max_seq, seq)
         self.max_seq = ext if self.max_seq is None else max(self.max_seq, ext)
         self.base_seq = ext if self.base_seq is None else min(self.base_seq, ext)
         self.received += 1
-        self.jitter.update(arrival, timestamp)
 
     @property
     def expected(self) -> int:
@@ -209,6 +214,13 @@ class RtcpSession:
             stats.jitter.update(now, ts)
             return
         stats.on_packet(seq, ts, now)
+
+    def on_event_received(self, ssrc: int, seq: int) -> None:
+        """An RFC 4733 event packet from ``ssrc``: in the loss figures, not in the jitter."""
+        stats = self.sources.get(ssrc)
+        if stats is None:
+            stats = self.sources[ssrc] = ReceptionStats(ssrc, self.clock_rate)
+        stats.on_untimed_packet(seq)
 
     def on_rtcp(self, data: bytes | bytearray | memoryview, now: float) -> list[RtcpReport]:
         """Digest a peer's compound packet; returns its report blocks about our SSRC."""

@@ -66,6 +66,9 @@ class RtpReceiver:
     dtmf: DtmfReceiver | None = None
     # (ssrc, sequence, timestamp, now) of each accepted packet, e.g. for RTCP statistics
     on_accepted: Callable[[int, int, int, float], None] | None = None
+    # (ssrc, sequence) of each RFC 4733 event packet of the stream: it counts for RTCP's
+    # loss figures, but its timestamp (the key's start, repeated) says nothing of jitter
+    on_event_packet: Callable[[int, int], None] | None = None
     latched: bool = False
     packets: int = 0  # every datagram
     accepted: int = 0  # audio / CN packets pushed into the jitter buffer
@@ -117,6 +120,11 @@ class RtpReceiver:
         if is_event:
             assert self.dtmf is not None
             self.dtmf_packets += 1
+            if self.ssrc is None or pkt.ssrc == self.ssrc:
+                # the key took an audio sequence number: not a loss, and no audio to conceal
+                self.jb.skip_sequence(pkt.sequence, pkt.ssrc)
+                if self.on_event_packet is not None:
+                    self.on_event_packet(pkt.ssrc, pkt.sequence)
             return self.dtmf.feed(pkt)
         if not self._ssrc_ok(pkt.ssrc):
             self.wrong_ssrc += 1
