@@ -27,7 +27,8 @@ import numpy as np
 from agent.voice.asr import MoonshineAsr
 from agent.words import normalize
 from resample.resampler import Resampler
-from testkit.line_echo import at_level, espeak_voice, g711
+from sip_bridge.script.script_voice import espeak_ng
+from testkit.line_echo import at_level, g711
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -53,7 +54,7 @@ THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5)
 
 
 def _heard(asr: MoonshineAsr, phrase: str, voice: str, level: float) -> tuple[str, float]:
-    line = g711(at_level(espeak_voice(phrase, voice), level))  # 8 kHz, as the bridge hears
+    line = g711(at_level(espeak_ng(phrase, voice), level))  # 8 kHz, as the bridge hears
     pad = np.zeros(2400, np.int16)
     up = Resampler(8000, 16000)
     pcm = np.concatenate([up.process(np.concatenate([pad, line, pad])), up.flush()])

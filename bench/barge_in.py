@@ -34,8 +34,9 @@ import numpy as np
 
 from agent.voice.barge_in import EchoGate
 from agent.voice.voice_agent import VoiceSettings
+from sip_bridge.script.script_voice import espeak_ng
 from testkit.barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
-from testkit.line_echo import at_level, espeak_voice
+from testkit.line_echo import at_level
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -66,7 +67,7 @@ def voices(quick: bool) -> dict[str, np.ndarray[Any, Any]]:
 
     out: dict[str, np.ndarray[Any, Any]] = {}
     for v in ["en-us", "en+m3"] if quick else ["en-us", "en+m3", "en+f3", "en-gb"]:
-        out[v] = espeak_voice(QUESTION, v)
+        out[v] = espeak_ng(QUESTION, v)
     out["beckett"] = beckett()
     if ASTERISK.exists() and not quick:
         with wave.open(str(ASTERISK)) as w:

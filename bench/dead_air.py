@@ -46,10 +46,11 @@ from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config.loader import DEMO_PROFILE, load_config
 from sip_bridge.ops.records import CallRecords
+from sip_bridge.script.script_voice import espeak_ng
 from sip_bridge.server import BridgeServer
 from testkit.line_tones import ringback_frames
 from testkit.sipp_runner import free_port, start_sipp
-from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
+from testkit.wire_caller import SPEECH_DBFS, WireCaller
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -118,7 +119,7 @@ async def run_flow(
         for step in steps:
             mark = len(caller.log.heard)
             if step.say:
-                end = await caller.say_all(espeak(step.say))
+                end = await caller.say_all(espeak_ng(step.say))
             else:
                 end = await caller.press_all(step.press)
             loop = asyncio.get_running_loop()

@@ -40,6 +40,7 @@ from bench.figures import pct
 
 if TYPE_CHECKING:
     from agent.voice.voice_agent import VoiceAgent
+    from sip_bridge.script.script_voice import espeak_ng
     from sip_bridge.server import BridgeServer
     from testkit.wire_caller import WireCaller
 
@@ -354,11 +355,11 @@ async def _talk(
 async def run(minutes: float, pause_s: float, sample_s: float = SAMPLE_S) -> dict[str, Any]:
     from bench.turn_latency import QUESTIONS, start_bridge, turn_stages
     from sip_bridge.server import settle_heap
-    from testkit.wire_caller import WireCaller, espeak
+    from testkit.wire_caller import WireCaller
 
     server, config, agents, load_s = await start_bridge(1, adapt=_lift_limits)
     settle_heap()  # as `sip-bridge run` does after start
-    audio = [espeak(q) for q in QUESTIONS]
+    audio = [espeak_ng(q) for q in QUESTIONS]
     caller = WireCaller(server.uri)
     rows: list[dict[str, float | None]] = []
     samples: list[dict[str, Any]] = []

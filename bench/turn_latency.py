@@ -32,9 +32,10 @@ from agent.voice.voice_agent import TurnTiming, VoiceAgent
 from bench.figures import pct
 from sip_bridge.agents import make_agent
 from sip_bridge.config.loader import BridgeConfig, load_config
+from sip_bridge.script.script_voice import espeak_ng
 from sip_bridge.server import BridgeServer
 from testkit.voice_agents import VoiceAgents
-from testkit.wire_caller import WireCaller, espeak
+from testkit.wire_caller import WireCaller
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "bench" / "out"
@@ -120,7 +121,7 @@ async def start_bridge(
 
 async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
     server, config, agents, load_s = await start_bridge(calls)
-    audio = [espeak(q) for q in QUESTIONS]
+    audio = [espeak_ng(q) for q in QUESTIONS]
     dest = ("127.0.0.1", server.port)
     cpu0, wall0 = time.process_time(), time.monotonic()
     try:

@@ -10,16 +10,10 @@ as P.56 measures it, roughly); :func:`line_noise` is the hiss under it all.
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
-import wave
-from pathlib import Path
-
 import numpy as np
 from numpy.typing import NDArray
 from scipy.signal import butter, lfilter, sosfilt
 
-from resample import Resampler
 from resample.g711 import ulaw_decode, ulaw_encode
 
 __all__ = [
@@ -27,7 +21,6 @@ __all__ = [
     "LineEcho",
     "active_level_dbfs",
     "at_level",
-    "espeak_voice",
     "hybrid_response",
     "line_noise",
 ]
@@ -120,16 +113,3 @@ def line_noise(samples: int, dbfs: float = -60.0, seed: int = 0) -> NDArray[np.f
     n = sosfilt(sos, rng.standard_normal(samples + 400))[400:]
     out: NDArray[np.float64] = n / np.sqrt(np.mean(n**2)) * 32768 * 10 ** (dbfs / 20)
     return out
-
-
-def espeak_voice(text: str, voice: str = "en-us", rate_wpm: int = 165) -> NDArray[np.int16]:
-    """espeak-ng saying ``text`` in ``voice`` (en-us, en+m3, en+f3, en-gb, ...), at 8 kHz."""
-    with tempfile.TemporaryDirectory() as d:
-        wav = Path(d) / "say.wav"
-        cmd = ["espeak-ng", "-v", voice, "-s", str(rate_wpm), "-w", str(wav), text]
-        subprocess.run(cmd, check=True)
-        with wave.open(str(wav)) as w:
-            rate = w.getframerate()
-            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-    down = Resampler(rate, RATE)
-    return np.concatenate([down.process(pcm), down.flush()])

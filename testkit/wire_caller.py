@@ -12,18 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
-import subprocess
-import tempfile
-import wave
 from collections import deque
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 from numpy.typing import NDArray
 
-from resample import Resampler
 from resample.g711 import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from sip_bridge.media.dtmf import DtmfOutbox
 from sip_bridge.media.rtp import RtpPacket, RtpSender, looks_like_rtcp
@@ -35,22 +30,10 @@ from sip_bridge.sip.uac_events import CallAnswered, CallEnded, CallFailed, Refer
 from testkit.line_echo import LineEcho
 from testkit.transferee import ReferableCall, Transferee
 
-__all__ = ["SPEECH_DBFS", "WireCaller", "espeak", "level_dbfs"]
+__all__ = ["SPEECH_DBFS", "WireCaller", "level_dbfs"]
 
 FRAME = 160
 SPEECH_DBFS = -45.0  # a packet louder than this carries speech (G.711 idle is ~-70)
-
-
-def espeak(text: str, rate_wpm: int = 165) -> NDArray[np.int16]:
-    """espeak-ng saying ``text`` (American English), at 8 kHz: the caller's voice."""
-    with tempfile.TemporaryDirectory() as d:
-        wav = Path(d) / "say.wav"
-        cmd = ["espeak-ng", "-v", "en-us", "-s", str(rate_wpm), "-w", str(wav), text]
-        subprocess.run(cmd, check=True)
-        with wave.open(str(wav)) as w:
-            rate = w.getframerate()
-            pcm = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-    return Resampler(rate, 8000).process(pcm)
 
 
 def level_dbfs(pcm: NDArray[np.int16]) -> float:

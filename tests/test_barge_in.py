@@ -24,8 +24,9 @@ from numpy.typing import NDArray
 
 from agent.base import HangupEvent
 from agent.voice.voice_agent import VoiceSettings
+from sip_bridge.script.script_voice import espeak_ng
 from testkit.barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
-from testkit.line_echo import at_level, espeak_voice
+from testkit.line_echo import at_level
 
 # serial: reaction times, and what a backchannel is taken for, move with other tests' load
 pytestmark = pytest.mark.serial
@@ -52,7 +53,7 @@ def voice(name: str) -> NDArray[np.int16]:
         with wave.open(str(ASTERISK)) as w:  # a missing package fails here, never skips
             assert w.getframerate() == 8000
             return np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
-    return espeak_voice(QUESTION, name)
+    return espeak_ng(QUESTION, name)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -109,7 +110,7 @@ async def test_a_caller_who_talks_as_the_greeting_starts_stops_it(
     out at once, as a fast or cached one is) and the caller start together, before the
     canceller has heard a second of our voice. The caller's windows
     must not be learnt as our echo; the agent stops before their question is over."""
-    pcm = at_level(espeak_voice("What are your opening hours?", "en-us"), -20)
+    pcm = at_level(espeak_ng("What are your opening hours?", "en-us"), -20)
     took = await _reaction_ms(Line(erl, 60, noise_dbfs=-60), pcm, at_s)
     spoken_ms = (pcm.size - onset_sample(pcm)) / 8
     assert took is not None and 0 < took < spoken_ms, (took, spoken_ms)
@@ -201,7 +202,7 @@ async def test_a_backchannel_does_not_stop_the_greeting_and_is_no_turn(word: str
     sim = Sim(line)
     await sim.start()
     greeting = sum(sim.out.sizes)
-    line.say_at(150, at_level(espeak_voice(word, "en-us"), -25))
+    line.say_at(150, at_level(espeak_ng(word, "en-us"), -25))
     try:
         await sim.run(3000, lambda: sim.tick > 200 and not sim.agent.playout.playing, realtime=True)
     finally:
@@ -220,7 +221,7 @@ async def test_words_after_okay_are_a_barge_in() -> None:
     line = Line(12, 60, noise_dbfs=-60)
     sim = Sim(line)
     await sim.start()
-    line.say_at(150, at_level(espeak_voice("Okay, what are your opening hours?", "en-us"), -25))
+    line.say_at(150, at_level(espeak_ng("Okay, what are your opening hours?", "en-us"), -25))
     try:
         await sim.run(
             600, lambda: bool(sim.agent.turns and sim.agent.turns[0].asr_done), realtime=True

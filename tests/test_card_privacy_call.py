@@ -39,11 +39,12 @@ from sip_bridge import logs
 from sip_bridge.agents import prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.records import CallRecords
+from sip_bridge.script.script_voice import espeak_ng
 from sip_bridge.server import BridgeServer
 from testkit.mosquitto_runner import Mosquitto
 from testkit.sipp_media import random_port_range
 from testkit.voice_agents import VoiceAgents
-from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
+from testkit.wire_caller import SPEECH_DBFS, WireCaller
 
 ROOT = Path(__file__).resolve().parents[1]
 CARD = "4111111111111111"
@@ -126,7 +127,7 @@ class Phone:
 
     async def say(self, text: str, required: bool = True) -> str:
         self.heard()
-        end = await self.caller.say_all(espeak(text, rate_wpm=165))
+        end = await self.caller.say_all(espeak_ng(text, rate_wpm=165))
         return await self.answer(end, required)
 
     async def press(self, keys: str) -> str:

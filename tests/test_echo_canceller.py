@@ -17,8 +17,9 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.voice.echo_canceller import EchoCanceller
+from sip_bridge.script.script_voice import espeak_ng
 from testkit.barge_in_sim import models
-from testkit.line_echo import LineEcho, at_level, espeak_voice, g711, line_noise
+from testkit.line_echo import LineEcho, at_level, g711, line_noise
 
 N = 160
 RATE = 8000
@@ -40,7 +41,7 @@ def ours() -> NDArray[np.float64]:
 
 @pytest.fixture(scope="module")
 def caller() -> NDArray[np.float64]:
-    return espeak_voice("Hello, I would like to ask about my order, please.", "en+f3").astype(
+    return espeak_ng("Hello, I would like to ask about my order, please.", "en+f3").astype(
         np.float64
     )
 
@@ -248,7 +249,7 @@ def test_no_echo_at_all_is_left_as_it_came(ours: NDArray[np.float64]) -> None:
 def test_a_steady_echo_is_never_moved(ours: NDArray[np.float64]) -> None:
     """Double talk and our own voice's periodicity must not pass for a delay jump."""
     near = np.zeros(ours.size)
-    voice = at_level(espeak_voice("I would like to ask about my order, please.", "en+m3"), -25)
+    voice = at_level(espeak_ng("I would like to ask about my order, please.", "en+m3"), -25)
     near[5 * RATE : 5 * RATE + voice.size] = voice
     ec = EchoCanceller()
     _run(ec, _line(ours, 6, 150.0, near), ours)

@@ -13,7 +13,7 @@ from sip_bridge.script.line_sim import (
     hybrid_filter,
     scale_to_level,
 )
-from testkit.wire_caller import espeak
+from sip_bridge.script.script_voice import espeak_ng
 
 
 def _db(x: NDArray[np.float64] | NDArray[np.int16]) -> float:
@@ -22,7 +22,7 @@ def _db(x: NDArray[np.float64] | NDArray[np.int16]) -> float:
 
 @pytest.fixture(scope="module")
 def speech() -> NDArray[np.int16]:
-    return espeak("Thanks for calling. You can ask about our opening hours, or your order.")
+    return espeak_ng("Thanks for calling. You can ask about our opening hours, or your order.")
 
 
 def test_active_level_of_a_tone_is_its_rms() -> None:

@@ -30,10 +30,11 @@ from sip_bridge.agents import prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.metrics import BridgeMetrics
 from sip_bridge.ops.records import CallRecords
+from sip_bridge.script.script_voice import espeak_ng
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import random_port_range
 from testkit.voice_agents import VoiceAgents
-from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
+from testkit.wire_caller import SPEECH_DBFS, WireCaller
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = ROOT / "config" / "prompts" / "technical_difficulty.wav"
@@ -324,7 +325,7 @@ def test_the_voice_agent_whose_asr_raises_mid_call_hands_the_call_to_the_prompt(
     factory = VoiceAgents(break_the_first)
     agents = factory.made
 
-    question = espeak("What are your opening hours?")
+    question = espeak_ng("What are your opening hours?")
 
     async def run() -> None:
         async with Bridge(BridgeServer(cfg, agent_factory=factory)) as bridge:

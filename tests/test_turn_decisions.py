@@ -34,8 +34,8 @@ from agent.voice.turn import EndOfTurn, SmartTurn
 from agent.voice_settings import VoiceSettings
 from resample import g711
 from resample.resampler import Resampler
+from sip_bridge.script.script_voice import espeak_ng
 from testkit.models import model_file
-from testkit.wire_caller import espeak
 
 PIN = Path(__file__).parent / "data" / "smart_turn_decisions.json"
 THRESHOLD = VoiceSettings().turn_threshold  # the shipped default
@@ -108,7 +108,7 @@ def windows() -> dict[str, NDArray[np.int16]]:
         assert r == 8000, (name, r)
         out.update(_turn_windows(f"prompt/{name}", _over_the_line(x8)))
     for i, q in enumerate(QUESTIONS):
-        x8 = np.concatenate([np.zeros(4000, np.int16), espeak(q), np.zeros(4000, np.int16)])
+        x8 = np.concatenate([np.zeros(4000, np.int16), espeak_ng(q), np.zeros(4000, np.int16)])
         out.update(_turn_windows(f"espeak/q{i + 1}", _over_the_line(x8)))
     return out
 

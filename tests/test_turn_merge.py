@@ -19,8 +19,9 @@ import pytest
 from numpy.typing import NDArray
 
 from agent.base import HangupEvent, TurnCompleted
+from sip_bridge.script.script_voice import espeak_ng
 from testkit.barge_in_sim import Line, Sim, models
-from testkit.line_echo import at_level, espeak_voice
+from testkit.line_echo import at_level
 
 # serial: pauses measured in ms against the agent's reply, which other tests' load moves
 pytestmark = pytest.mark.serial
@@ -60,8 +61,8 @@ async def _say_with_pauses(pieces: list[NDArray[np.float64]], pause_ms: int) -> 
 
 @pytest.mark.parametrize("pause_ms", [700, 1000])
 def test_a_pause_mid_question_is_one_turn_with_one_answer(pause_ms: int) -> None:
-    first = at_level(espeak_voice("Hi, I would like to ask about", "en-us"), -25)
-    rest = at_level(espeak_voice("my order, please.", "en-us"), -25)
+    first = at_level(espeak_ng("Hi, I would like to ask about", "en-us"), -25)
+    rest = at_level(espeak_ng("my order, please.", "en-us"), -25)
     sim = asyncio.run(_say_with_pauses([first, rest], pause_ms))
     (turn,) = _reported(sim)
     heard = turn.caller_text.lower()
@@ -82,8 +83,8 @@ def test_the_goodbye_after_pauses_is_never_lost(pause_ms: int) -> None:
     with wave.open(str(GOODBYE)) as w:
         bye = np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16)
     pieces = [
-        at_level(espeak_voice("Great, thanks.", "en-us"), -25),
-        at_level(espeak_voice("That's all.", "en-us"), -25),
+        at_level(espeak_ng("Great, thanks.", "en-us"), -25),
+        at_level(espeak_ng("That's all.", "en-us"), -25),
         at_level(bye, -25),
     ]
     sim = asyncio.run(_say_with_pauses(pieces, pause_ms))

@@ -22,10 +22,11 @@ from resample import Resampler
 from sip_bridge.agents import prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.ops.records import CallRecords
+from sip_bridge.script.script_voice import espeak_ng
 from sip_bridge.server import BridgeServer
 from testkit.sipp_media import random_port_range
 from testkit.voice_agents import VoiceAgents
-from testkit.wire_caller import SPEECH_DBFS, WireCaller, espeak
+from testkit.wire_caller import SPEECH_DBFS, WireCaller
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -132,7 +133,7 @@ async def _call(config: BridgeConfig, codec: str, script, **caller_opts):  # typ
 
 @pytest.mark.parametrize("codec", ["PCMU", "PCMA"])
 def test_caller_asks_the_opening_hours_and_hears_them(config: BridgeConfig, codec: str) -> None:
-    question = espeak("What are your opening hours?")
+    question = espeak_ng("What are your opening hours?")
 
     async def script(conv: Conversation) -> tuple[str, str, list[str]]:
         await conv.wait_speech(0.0)  # the greeting
@@ -167,7 +168,7 @@ def test_order_status_over_two_turns_with_a_spoken_order_number(config: BridgeCo
         await conv.wait_quiet()
         replies = []
         for q in ("Where is my order?", "One two three four five."):
-            end = await conv.ask(espeak(q))
+            end = await conv.ask(espeak_ng(q))
             await conv.wait_speech(end)
             await conv.wait_quiet()
             replies.append(await transcribe(config, conv.heard_since_mark()))
@@ -182,7 +183,7 @@ def test_order_status_over_two_turns_with_a_spoken_order_number(config: BridgeCo
 def test_barge_in_stops_the_greeting_on_the_wire_and_the_question_is_answered(
     config: BridgeConfig,
 ) -> None:
-    question = espeak("What are your opening hours?")
+    question = espeak_ng("What are your opening hours?")
 
     stalls = LoopStalls()
 
@@ -232,7 +233,7 @@ def test_barge_in_stops_the_greeting_on_the_wire_and_the_question_is_answered(
 def test_line_echo_of_the_reply_does_not_interrupt_it(config: BridgeConfig) -> None:
     """A 2-wire line sends our voice back 10 dB down and 120 ms late: the agent must not
     take that for the caller barging in, and the whole answer is heard."""
-    question = espeak("What are your opening hours?")
+    question = espeak_ng("What are your opening hours?")
 
     async def script(conv: Conversation) -> tuple[str, int, int]:
         await conv.wait_speech(0.0)

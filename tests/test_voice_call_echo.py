@@ -30,9 +30,10 @@ from agent.voice.voice_agent import VoiceAgent
 from resample import Resampler
 from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config.loader import BridgeConfig, load_config
+from sip_bridge.script.script_voice import espeak_ng
 from sip_bridge.server import BridgeServer
 from testkit.barge_in_sim import onset_sample
-from testkit.line_echo import LineEcho, at_level, espeak_voice
+from testkit.line_echo import LineEcho, at_level
 from testkit.sipp_media import random_port_range
 from testkit.wire_caller import SPEECH_DBFS, WireCaller
 
@@ -70,7 +71,7 @@ def config() -> BridgeConfig:
 @pytest.fixture(scope="module")
 def question() -> NDArray[np.int16]:
     """The caller: a voice other than the agent's, at -30 dBFS active speech level."""
-    pcm = at_level(espeak_voice(QUESTION, VOICE), -30.0)
+    pcm = at_level(espeak_ng(QUESTION, VOICE), -30.0)
     return np.clip(np.rint(pcm), -32768, 32767).astype(np.int16)
 
 
