@@ -26,7 +26,15 @@ from numpy.typing import NDArray
 
 from agent.transcript import Transcript, joined
 
-__all__ = ["LEAD_S", "TAIL_S", "IncrementalTranscriber", "MoonshineAsr", "Tokenizer", "framed"]
+__all__ = [
+    "LEAD_S",
+    "PREROLL_S",
+    "TAIL_S",
+    "IncrementalTranscriber",
+    "MoonshineAsr",
+    "Tokenizer",
+    "framed",
+]
 
 MODEL = "moonshine-base-en"
 _START, _EOS = 1, 2
@@ -38,6 +46,9 @@ _SILENCE_RMS = 10.0 ** (-60 / 20)  # -60 dBFS: nothing to transcribe (no halluci
 #: The quiet a clip keeps before its first sound and after its last (see :func:`framed`).
 LEAD_S = 0.15
 TAIL_S = 0.15
+#: audio kept before the first speech frame, by the transcriber and the voice agent alike:
+#: VAD onsets are late (up to ~140 ms), and the model is given LEAD_S before the first sound
+PREROLL_S = 0.3
 _FRAME_S = 0.005  # the step at which framed() finds a clip's first and last sound
 _SOUND_MIN = 10.0 ** (-55 / 20)  # a sound is at least this loud (in digital silence)...
 _SOUND_MAX = 10.0 ** (-40 / 20)  # ...and no louder than this needs to be (on a noisy line)
@@ -232,10 +243,6 @@ class MoonshineAsr:
 class IncrementalTranscriber:
     """Transcribes while the caller is still speaking so that little is left at end of turn."""
 
-    #: audio kept before the first speech frame: VAD onsets are late (up to ~140 ms), and
-    #: the model is given LEAD_S before the first sound (see framed())
-    _PREROLL_S = 0.3
-
     def __init__(
         self,
         asr: MoonshineAsr,
@@ -257,7 +264,7 @@ class IncrementalTranscriber:
         self._pause = round(pause_s * rate)
         self._early = min(round(early_s * rate), self._pause)
         self._max = round(max_segment_s * rate)
-        self._preroll = round(self._PREROLL_S * rate)
+        self._preroll = round(PREROLL_S * rate)
         self._lock = threading.Lock()
         self._chunks: list[NDArray[np.int16]] = []
         self._size = 0

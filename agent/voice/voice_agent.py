@@ -60,6 +60,7 @@ from agent.dialogue.profile import AgentProfile
 from agent.model_guard import ModelGuard
 from agent.redaction import sensitive_text
 from agent.ticks import FRAME, FRAME_MS, RATE, TICK_S
+from agent.voice.asr import PREROLL_S
 from agent.voice.barge_in import BargeInGate, EchoGate, LoudnessGate
 from agent.voice.call_flow import CallFlow
 from agent.voice.reply_playout import ReplyPlayout
@@ -84,7 +85,7 @@ MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a
 MISS_HOLD_TICKS = 60
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
 WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not an end
-PREROLL_TICKS = 15  # audio kept before the first speech frame (as the transcriber keeps)
+PREROLL_TICKS = round(PREROLL_S / TICK_S)  # audio kept before the first speech frame
 OVER_ECHO_TICKS = 3  # speech ticks above our echo that make words over a reply's end
 UNHEARD_CARRY_TICKS = 100  # a turn the ASR made nothing of opens one begun within 2 s
 UNHEARD_BACKCHANNEL_MS = 800  # speech since a hold the ASR made nothing of: a hum up to this
