@@ -64,6 +64,7 @@ from bench.figures import pct
 from bench.load_caller import CallResult, LoadCall, Voices
 from sip_bridge.config.loader import load_config
 from sip_bridge.ops.control import ControlError, query
+from sip_bridge.ops.records import CallRecords
 from sip_bridge.script.script_file import Script, load_script
 from sip_bridge.script.script_leg import LineOptions
 from testkit.demo_bridge import DEMO_SCRIPTS, ROOT, TRANSFER_TARGETS, shipped_bridge
@@ -146,6 +147,42 @@ def _ms(xs: list[float]) -> dict[str, Any]:
         "p99": pct(ms, 99),
         "max": pct(ms, 100),
         "n": len(ms),
+    }
+
+
+#: a voice turn's stages in the bridge's own records (TurnTiming.stages_ms), in order
+STAGES = ("end_of_turn", "asr_tail", "dialogue", "tts_first_audio")
+
+
+def bridge_turn_stages(data: Path, max_silence_ms: float) -> dict[str, Any]:
+    """Where the bridge spent its voice turns, from its call records: each stage's p50/p95
+    (the caller's last speech tick -> end of turn decided -> words -> reply -> its first
+    audio) and the share of turns whose end was the ``max_silence_ms`` timeout (smart-turn
+    unsure), which no CPU makes shorter. Why: the callers' figure alone cannot tell waiting
+    out a pause from queueing for a model."""
+    store = CallRecords(data / "calls.sqlite", readonly=True)
+    try:
+        stages: dict[str, list[float]] = {name: [] for name in STAGES}
+        for row in store.list(limit=100_000):
+            call = store.show(str(row["call_id"]))
+            for turn in call["turns"] if call else []:
+                t = turn["timings"] or {}
+                if t.get("input") == "keypad" or "end_of_turn" not in t:
+                    continue
+                for name in STAGES:
+                    if name in t:
+                        stages[name].append(float(t[name]))
+    finally:
+        store.close()
+    eot = stages["end_of_turn"]
+    waited = sum(1 for x in eot if x >= max_silence_ms - 25)  # a tick's slack
+    return {
+        **{
+            name: {"p50": pct(xs, 50), "p95": pct(xs, 95), "n": len(xs)}
+            for name, xs in stages.items()
+        },
+        "max_silence_ms": max_silence_ms,
+        "waited_out_pct": round(100 * waited / len(eot), 1) if eot else None,
     }
 
 
@@ -313,6 +350,8 @@ async def run_load(
                 status: dict[str, Any] = query(sock)
             except ControlError as exc:
                 status = {"error": str(exc)}
+        silence_ms = load_config(opts.config).agent.voice.max_silence_ms
+        stages = bridge_turn_stages(Path(tmp) / "data", silence_ms)
     steady = [s for s in samples if t0 + ramp <= s[0] <= end_at]
     if len(steady) < 3:  # a run too short for a steady state: all of it
         steady = samples
@@ -332,6 +371,7 @@ async def run_load(
         "calls": calls,
         "minutes": opts.minutes,
         **summarise(results),
+        "bridge_turn_stages_ms": stages,
         "bridge_media": {
             "frames_sent": int(sent),
             "late_or_missing_frames": int(late),

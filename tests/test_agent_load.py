@@ -9,8 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.agent_load import LoadOptions, run_all
+from bench.agent_load import LoadOptions, bridge_turn_stages, run_all
 from bench.load_caller import call_figures
+from sip_bridge.ops.records import CallRecords
 from sip_bridge.script.heard_audio import HeardAudio, Span
 from sip_bridge.script.script_actions import CallerTiming
 from sip_bridge.script.script_file import Speak, load_script
@@ -70,6 +71,26 @@ hangup = true
 """
 
 
+def test_the_bridge_turn_stages_come_from_its_call_records(tmp_path: Path) -> None:
+    """Voice turns' stages from the records (keypad turns apart), and how many waited out
+    max_silence_ms."""
+    store = CallRecords(tmp_path / "calls.sqlite")
+    store.call_started("c1")
+    for eot, asr in ((200.0, 100.0), (900.0, 0.0), (210.0, 60.0), (899.0, 0.0)):
+        timings = {"end_of_turn": eot, "asr_tail": asr, "dialogue": 0.5, "tts_first_audio": 90}
+        store.turn("c1", caller_text="words", timings=timings)
+    store.turn("c1", caller_text="(keypad 1)", timings={"input": "keypad", "dialogue": 0.2})
+    store.close()
+    got = bridge_turn_stages(tmp_path, 900)
+    assert got["end_of_turn"] == {"p50": 554.5, "p95": 899.9, "n": 4}
+    assert got["asr_tail"]["n"] == 4 and got["dialogue"] == {"p50": 0.5, "p95": 0.5, "n": 4}
+    assert (got["waited_out_pct"], got["max_silence_ms"]) == (50.0, 900)
+    empty = tmp_path / "none"
+    empty.mkdir()
+    CallRecords(empty / "calls.sqlite").close()
+    assert bridge_turn_stages(empty, 900)["waited_out_pct"] is None
+
+
 def test_the_bench_places_real_calls_and_measures_the_bridge_process(tmp_path: Path) -> None:
     """`sip-bridge run` with the echo agent (2 s late: each question comes back after the
     caller stopped, a turn), one caller for 6 s after a warm-up call."""
@@ -99,5 +120,6 @@ def test_the_bench_places_real_calls_and_measures_the_bridge_process(tmp_path: P
     assert shares["talk"] > 0.1 and shares["listen"] > 0.1
     total = shares["talk"] + shares["listen"] - shares["both"] + shares["pause"]
     assert total == pytest.approx(1.0, abs=0.01)
+    assert run["bridge_turn_stages_ms"]["end_of_turn"]["n"] == 0  # the echo agent has no turns
     counters = run["bridge_status"]["counters"]  # the bridge's own count, warm-up included
     assert counters["established"] == run["placed"] + 1
