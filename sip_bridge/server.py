@@ -259,12 +259,13 @@ class BridgeServer:
             now = loop.time()
             busy = self._cpu.read()
             if busy is not None:
-                self.headroom.cpu(busy, now - last, now)
+                self.headroom.cpu(busy, now - last, now, len(self.calls))
             last = now
             self._load_changed(now)
 
     def _load_changed(self, now: float) -> None:
         """Decide, tell the UA (503 to INVITE and OPTIONS while shedding) and telemetry."""
+        self.headroom.calls_in_progress(len(self.calls))
         self.headroom.update(now)
         shed = 0
         if self.ua is not None:
@@ -530,6 +531,7 @@ class BridgeServer:
                 ev.trunk or "-", call.route or "(default)", call.config.agent.name,
             )  # fmt: skip
         self.calls[ev.call_id] = call
+        self._load_changed(loop.time())  # a burst of INVITEs is judged call by call
         try:
             call.lease = await reserve_rtp_port(self.pool, self.media_host)
         except PortsExhausted as exc:

@@ -81,6 +81,32 @@ def test_shed_off_measures_and_says_over_budget_but_refuses_nothing() -> None:
     assert h.shedding
 
 
+def test_calls_arriving_faster_than_the_cpu_average_moves_are_judged_by_their_cost() -> None:
+    """8 calls cost 56 % (7 % each); the average has not moved past 90 %, but 12 calls in
+    progress and the next one would: shed. Taken again at 72 % with the next one."""
+    h = Headroom(ON)
+    for t in range(10):
+        h.cpu(56.0, 1.0, float(t), calls=8)
+    h.calls_in_progress(10)
+    assert not h.update(9.0)  # 11 calls: 77 %
+    assert h.figures(9.0).cpu_next_call_pct == pytest.approx(77.0)
+    h.calls_in_progress(12)
+    assert h.update(9.2) and h.shedding  # 13 calls: 91 %
+    assert "CPU 56 %, with one more call 91 % > 90 %" in h.reason
+    h.calls_in_progress(10)  # two hung up: 77 % is under 90 %, not under 72 %
+    assert not h.update(15.0) and h.shedding
+    h.calls_in_progress(9)  # 70 %
+    assert h.update(15.5) and not h.shedding
+
+
+def test_no_call_measured_projects_nothing() -> None:
+    h = Headroom(ON)
+    for t in range(10):
+        h.cpu(30.0, 1.0, float(t), calls=0)  # another process's load, no calls yet
+    h.calls_in_progress(40)
+    assert not h.update(9.0) and h.figures(9.0).cpu_next_call_pct is None
+
+
 def test_barely_any_load_leaves_most_headroom() -> None:
     h = Headroom(ON)
     turns(h, 450, 20, 0.0)

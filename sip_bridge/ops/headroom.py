@@ -10,7 +10,11 @@ its callers notice: its turns get slow (the caller waits), or its CPUs have noth
 
 - the p95 of the turns of the last ``window_s`` above ``turn_p95_ms`` (with at least
   ``min_turns`` turns: a few slow first turns decide nothing),
-- the node's CPUs, averaged over ``cpu_window_s``, busier than ``cpu_pct``.
+- the node's CPUs, averaged over ``cpu_window_s``, busier than ``cpu_pct``,
+- or busier than that with one more call: what the CPUs cost per call in progress over
+  the same window, times the calls in progress now and the next one. Why: the average
+  lags the calls it was measured with; 24 callers arriving over 20 s were all admitted
+  before the 10 s average passed 90 %, and then none of them completed.
 
 Shedding starts when over budget and ends only when both figures are under ``resume_at``
 of their budgets and ``hold_s`` has passed (hysteresis: a node at its budget does not
@@ -49,6 +53,7 @@ class HeadroomFigures:
     turns: int  # turns in the window
     turn_p95_ms: float | None  # None: fewer than min_turns
     cpu_busy_pct: float | None  # None: no reading yet
+    cpu_next_call_pct: float | None  # the CPUs with one more call (None: no calls measured)
     headroom_pct: float  # 100 = idle; 0 = at the nearer budget; negative = past it
 
     def as_dict(self) -> dict[str, Any]:
@@ -59,6 +64,7 @@ class HeadroomFigures:
             "turns": self.turns,
             "turn_p95_ms": self.turn_p95_ms,
             "cpu_busy_pct": self.cpu_busy_pct,
+            "cpu_next_call_pct": self.cpu_next_call_pct,
             "headroom_pct": self.headroom_pct,
         }
 
@@ -75,7 +81,9 @@ class Headroom:
     def __init__(self, config: LoadConfig) -> None:
         self.config = config
         self._turns: deque[tuple[float, float]] = deque()  # (when, total ms)
-        self._cpu: deque[tuple[float, float, float]] = deque()  # (when, busy %, seconds)
+        # (when, busy %, seconds, calls in progress)
+        self._cpu: deque[tuple[float, float, float, int]] = deque()
+        self.calls_now = 0  # calls in progress, as the node last said (calls_in_progress)
         self.over_budget = False
         self._since = -math.inf  # when shedding last started
         self.reason = ""
@@ -89,9 +97,14 @@ class Headroom:
         """A turn answered: the caller's stop -> our reply on the wire."""
         self._turns.append((now, total_ms))
 
-    def cpu(self, busy_pct: float, seconds: float, now: float) -> None:
-        """The CPUs were ``busy_pct`` busy over the last ``seconds``."""
-        self._cpu.append((now, busy_pct, seconds))
+    def cpu(self, busy_pct: float, seconds: float, now: float, calls: int = 0) -> None:
+        """The CPUs were ``busy_pct`` busy over the last ``seconds``, with ``calls`` in
+        progress."""
+        self._cpu.append((now, busy_pct, seconds, calls))
+
+    def calls_in_progress(self, calls: int) -> None:
+        """The node has ``calls`` now (it tells at each new call, before the next reading)."""
+        self.calls_now = calls
 
     def _expire(self, now: float) -> None:
         while self._turns and self._turns[0][0] < now - self.config.window_s:
@@ -105,16 +118,29 @@ class Headroom:
         return p95([ms for _, ms in self._turns])
 
     def _cpu_busy(self) -> float | None:
-        seconds = sum(s for _, _, s in self._cpu)
+        seconds = sum(s for _, _, s, _ in self._cpu)
         if seconds <= 0:
             return None
-        return sum(pct * s for _, pct, s in self._cpu) / seconds
+        return sum(pct * s for _, pct, s, _ in self._cpu) / seconds
+
+    def _cpu_next_call(self, busy: float | None) -> float | None:
+        """The CPUs' busy share with the calls now and one more: ``busy`` per call in
+        progress over the window (what else runs on the host counted in, so it errs high),
+        times ``calls_now + 1``. None before a window with at least one call on average."""
+        seconds = sum(s for _, _, s, _ in self._cpu)
+        if busy is None or seconds <= 0:
+            return None
+        calls = sum(n * s for _, _, s, n in self._cpu) / seconds
+        if calls < 1.0:
+            return None
+        return busy / calls * (self.calls_now + 1)
 
     def update(self, now: float) -> bool:
         """Decide; True when the shed decision changed (the caller logs and tells the UA)."""
         self._expire(now)
         c = self.config
         turn_p95, busy = self._turn_p95(), self._cpu_busy()
+        after = self._cpu_next_call(busy)
         was = self.shedding
         if not self.over_budget:
             why = []
@@ -122,11 +148,14 @@ class Headroom:
                 why.append(f"turn p95 {turn_p95:.0f} ms > {c.turn_p95_ms:g} ms")
             if busy is not None and busy > c.cpu_pct:
                 why.append(f"CPU {busy:.0f} % > {c.cpu_pct:g} %")
+            elif after is not None and after > c.cpu_pct:
+                why.append(f"CPU {busy:.0f} %, with one more call {after:.0f} % > {c.cpu_pct:g} %")
             if why:
                 self.over_budget, self._since, self.reason = True, now, "; ".join(why)
         else:
             turns_ok = turn_p95 is None or turn_p95 <= c.resume_at * c.turn_p95_ms
             cpu_ok = busy is None or busy <= c.resume_at * c.cpu_pct
+            cpu_ok = cpu_ok and (after is None or after <= c.resume_at * c.cpu_pct)
             if turns_ok and cpu_ok and now - self._since >= c.hold_s:
                 self.over_budget, self.reason = False, ""
         if self.shedding != was:
@@ -134,15 +163,18 @@ class Headroom:
                 log.warning("load: over budget (%s): new calls get 503", self.reason)
             else:
                 log.warning("load: back under budget: taking new calls")
-        self.latest = self._figures(turn_p95, busy)
+        self.latest = self._figures(turn_p95, busy, after)
         return self.shedding != was
 
     def figures(self, now: float) -> HeadroomFigures:
         """The figures now (:attr:`latest` is those of the last decision)."""
         self._expire(now)
-        return self._figures(self._turn_p95(), self._cpu_busy())
+        busy = self._cpu_busy()
+        return self._figures(self._turn_p95(), busy, self._cpu_next_call(busy))
 
-    def _figures(self, turn_p95: float | None, busy: float | None) -> HeadroomFigures:
+    def _figures(
+        self, turn_p95: float | None, busy: float | None, after: float | None = None
+    ) -> HeadroomFigures:
         c = self.config
         used = max(
             (turn_p95 or 0.0) / c.turn_p95_ms,
@@ -155,6 +187,7 @@ class Headroom:
             turns=len(self._turns),
             turn_p95_ms=None if turn_p95 is None else round(turn_p95, 1),
             cpu_busy_pct=None if busy is None else round(busy, 1),
+            cpu_next_call_pct=None if after is None else round(after, 1),
             headroom_pct=round(100.0 * (1.0 - used), 1),
         )
 
