@@ -88,3 +88,47 @@ async def test_dropping_a_speculation_never_cancels_the_transcription_it_carries
         await c.tick()
         await c.until(lambda: bool(c.agent.turns) and c.agent.turns[-1].asr_done > 0)
         assert c.agent.turns[-1].text == "one two three"
+
+
+@aio
+async def test_words_the_dialogue_understood_end_the_turn_after_400_ms_of_pause() -> None:
+    """smart-turn unsure (the fake never decides): a question a rule understood is answered
+    after UNDERSTOOD_PAUSE_MS, not after max_silence_ms; words it cannot use yet wait."""
+    async with Call() as c:
+        c.models.asr_texts.append("what are your opening hours")
+        c.vad(True, True)
+        await c.tick(8, 2000)
+        c.vad(False, False)
+        await c.tick(4)
+        spec = c.agent._spec
+        assert spec is not None
+        await c.until(lambda: spec.task.done(), "the reply, prepared in the pause")
+        await c.tick(14)  # 360 ms of pause: not yet
+        assert not c.agent.turns
+        await c.tick(2)  # 400 ms
+        turn = c.agent.turns[-1]
+        assert (turn.reason, turn.text, turn.speculative) == (
+            "understood",
+            "what are your opening hours",
+            True,
+        )
+        await c.drain()
+        assert c.transcript[-1] == ("agent", HOURS)
+
+
+@aio
+async def test_words_the_dialogue_cannot_use_yet_keep_the_wait() -> None:
+    async with Call() as c:
+        c.models.asr_texts.append("hi i would like to ask about")
+        c.vad(True, True)
+        await c.tick(8, 2000)
+        c.vad(False, False)
+        await c.tick(4)
+        spec = c.agent._spec
+        assert spec is not None
+        await c.until(lambda: spec.task.done(), "the reply, prepared in the pause")
+        await c.tick(30)  # 680 ms of pause
+        assert not c.agent.turns and spec.engine.last_missed
+        c.models.eot.fire = "timeout"  # max_silence_ms
+        await c.tick()
+        assert c.agent.turns[-1].reason == "timeout"

@@ -146,6 +146,7 @@ class DialogueEngine:
         self.turns = 0
         self.misses = 0  # in a row
         self.last_missed = False  # the last turn was not understood (a fallback, a retry)
+        self.last_by_rules = False  # the last turn was answered by a rule (not the LLM)
         self.ended = False  # after a hang-up or transfer
         self._vars = {"caller": "", "callee": ""} | dict(profile.variables) | dict(variables)
         self._clock = clock
@@ -204,7 +205,7 @@ class DialogueEngine:
 
     async def respond(self, text: str) -> AsyncIterator[ReplyPart]:
         """One caller turn (the ASR text)."""
-        self.last_missed = False
+        self.last_missed = self.last_by_rules = False
         if self.ended or not text.strip():
             return
         self._heard(text.strip())
@@ -214,6 +215,7 @@ class DialogueEngine:
             return
         self.turns += 1
         parts = self._by_rules(text, normalize(text))
+        self.last_by_rules = parts is not None
         if parts is None:
             async for part in self._ask_llm():
                 yield part

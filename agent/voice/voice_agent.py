@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 
 LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length limit
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
+UNDERSTOOD_PAUSE_MS = 400  # a pause this long ends a turn the prepared reply understood
 MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
 # A reply to words the dialogue did not understand (a fallback, a slot's retry) waits until
 # the caller has been quiet this long: not understood often means not finished ("Hi, I'd
@@ -342,6 +343,8 @@ class VoiceAgent(Agent):
             decision = self._eot.decide()
             if decision is not None:
                 self._end_turn(decision.reason, now)
+            elif self._understood_in_pause():
+                self._end_turn("understood", now)
 
     def on_event(self, event: AgentEvent) -> None:
         self.events.append(event)
@@ -633,6 +636,25 @@ class VoiceAgent(Agent):
         tts = self.guard.executor("tts")
         return Speculation(
             texts, self.engine.fork(), self.models, tts, first_words=FIRST_WORDS, audio=clips
+        )
+
+    def _understood_in_pause(self) -> bool:
+        """The caller has paused UNDERSTOOD_PAUSE_MS, smart-turn is not sure they finished,
+        and a rule understood the reply prepared in the pause (an intent, a whole slot
+        value; an LLM would answer any words): their words already say what they want, so
+        the turn ends here rather than at max_silence_ms. Why: smart-turn scores many
+        finished sentences as unfinished ("No thanks, goodbye." 0.02-0.16, a slowly read
+        order number), and those turns waited the whole 900 ms. Words the dialogue cannot
+        use yet ("Hi, I would like to ask about", three digits of five) keep the wait; a
+        caller who goes on within a second of the reply is merged as after any pause."""
+        spec = self._spec
+        return (
+            spec is not None
+            and self._quiet * FRAME_MS >= UNDERSTOOD_PAUSE_MS
+            and spec.reply_ready > 0.0
+            and bool(spec.text)
+            and spec.engine.last_by_rules
+            and not spec.engine.last_missed
         )
 
     def _drop_speculation(self) -> None:
