@@ -194,10 +194,16 @@ class JitterIngest:
         dseq = wrapped_diff(seq, self._hi_seq_raw, SEQ_BITS)
         if abs(dseq) > _MAX_SEQ_JUMP:
             return
-        useq = self._seq_uw.unwrap(seq) + self._seq_off
+        if self._count_sequence(self._seq_uw.unwrap(seq) + self._seq_off) > 0:
+            self._hi_seq_raw = seq  # the timestamp stays the last audio packet's
+
+    def _count_sequence(self, useq: int) -> int:
+        """Record unwrapped sequence number ``useq`` as received: -1 a duplicate (nothing
+        changed), 1 the new highest (a gap before it counted lost), 0 one that fills a
+        counted loss (or an old one)."""
         k = useq & _SEEN_MASK
         if self._seen[k] == useq:
-            return
+            return -1
         self._seen[k] = useq
         self._pushes += 1
         if useq > self._hi_useq:
@@ -205,11 +211,15 @@ class JitterIngest:
             if gap > 0:
                 self._lost += gap
                 self._missing.update(range(self._hi_useq + 1, useq))
+                if len(self._missing) > 2 * _SEEN:
+                    lo = useq - _SEEN
+                    self._missing = {s for s in self._missing if s >= lo}
             self._hi_useq = useq
-            self._hi_seq_raw = seq  # the timestamp stays the last audio packet's
-        elif useq in self._missing:
+            return 1
+        if useq in self._missing:
             self._missing.discard(useq)
             self._lost -= 1
+        return 0
 
     def _ingest(
         self,
@@ -263,28 +273,15 @@ class JitterIngest:
             self._ssrc = ssrc
         useq = self._seq_uw.unwrap(seq) + self._seq_off
         t = self._ts_uw.unwrap(ts) + self._ts_off
-        k = useq & _SEEN_MASK
-        if self._seen[k] == useq:
+        counted = self._count_sequence(useq)
+        if counted < 0:
             self._duplicates += 1
             return
-        self._seen[k] = useq
-        self._pushes += 1
-        if useq > self._hi_useq:
-            gap = useq - self._hi_useq - 1
-            if gap > 0:
-                self._lost += gap
-                self._missing.update(range(self._hi_useq + 1, useq))
-                if len(self._missing) > 2 * _SEEN:
-                    lo = useq - _SEEN
-                    self._missing = {s for s in self._missing if s >= lo}
-            self._hi_useq = useq
+        if counted > 0:
             self._hi_seq_raw = seq
             self._hi_ts_raw = ts
             self._hi_t = t
             self._hi_arrival = arrival
-        elif useq in self._missing:
-            self._missing.discard(useq)
-            self._lost -= 1
         started = self._started
         ref = self._cursor if started else self._floor
         rate = self.clock_rate

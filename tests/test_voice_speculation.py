@@ -8,6 +8,7 @@ from concurrent.futures import Future
 from test_voice_agent import HOURS, Call, aio
 
 from agent.dialogue.sentences import split_sentences
+from agent.voice.speculation import Speculation
 from agent.voice.voice_models import FIRST_WORDS
 
 
@@ -90,19 +91,26 @@ async def test_dropping_a_speculation_never_cancels_the_transcription_it_carries
         assert c.agent.turns[-1].text == "one two three"
 
 
+async def _spoke_and_paused(c: Call, text: str) -> Speculation:
+    """The caller said ``text`` (as the ASR will hear it) and paused; the reply prepared in
+    the pause is ready."""
+    c.models.asr_texts.append(text)
+    c.vad(True, True)
+    await c.tick(8, 2000)
+    c.vad(False, False)
+    await c.tick(4)
+    spec = c.agent._spec
+    assert spec is not None
+    await c.until(lambda: spec.task.done(), "the reply, prepared in the pause")
+    return spec
+
+
 @aio
 async def test_words_the_dialogue_understood_end_the_turn_after_400_ms_of_pause() -> None:
     """smart-turn unsure (the fake never decides): a question a rule understood is answered
     after UNDERSTOOD_PAUSE_MS, not after max_silence_ms; words it cannot use yet wait."""
     async with Call() as c:
-        c.models.asr_texts.append("what are your opening hours")
-        c.vad(True, True)
-        await c.tick(8, 2000)
-        c.vad(False, False)
-        await c.tick(4)
-        spec = c.agent._spec
-        assert spec is not None
-        await c.until(lambda: spec.task.done(), "the reply, prepared in the pause")
+        await _spoke_and_paused(c, "what are your opening hours")
         await c.tick(14)  # 360 ms of pause: not yet
         assert not c.agent.turns
         await c.tick(2)  # 400 ms
@@ -119,14 +127,7 @@ async def test_words_the_dialogue_understood_end_the_turn_after_400_ms_of_pause(
 @aio
 async def test_words_the_dialogue_cannot_use_yet_keep_the_wait() -> None:
     async with Call() as c:
-        c.models.asr_texts.append("hi i would like to ask about")
-        c.vad(True, True)
-        await c.tick(8, 2000)
-        c.vad(False, False)
-        await c.tick(4)
-        spec = c.agent._spec
-        assert spec is not None
-        await c.until(lambda: spec.task.done(), "the reply, prepared in the pause")
+        spec = await _spoke_and_paused(c, "hi i would like to ask about")
         await c.tick(30)  # 680 ms of pause
         assert not c.agent.turns and spec.engine.last_missed
         c.models.eot.fire = "timeout"  # max_silence_ms
