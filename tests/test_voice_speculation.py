@@ -133,3 +133,16 @@ async def test_words_the_dialogue_cannot_use_yet_keep_the_wait() -> None:
         c.models.eot.fire = "timeout"  # max_silence_ms
         await c.tick()
         assert c.agent.turns[-1].reason == "timeout"
+
+
+@aio
+async def test_a_goodbye_waits_for_the_end_of_turn_as_before() -> None:
+    """A reply that ends the call is not given early: the caller may say more, and a
+    hang-up cannot be taken back."""
+    async with Call() as c:
+        spec = await _spoke_and_paused(c, "no thanks goodbye")
+        await c.tick(30)
+        assert not c.agent.turns and spec.engine.ended and not spec.engine.last_missed
+        c.models.eot.fire = "timeout"
+        await c.tick()
+        assert c.agent.turns[-1].reason == "timeout"

@@ -646,7 +646,10 @@ class VoiceAgent(Agent):
         finished sentences as unfinished ("No thanks, goodbye." 0.02-0.16, a slowly read
         order number), and those turns waited the whole 900 ms. Words the dialogue cannot
         use yet ("Hi, I would like to ask about", three digits of five) keep the wait; a
-        caller who goes on within a second of the reply is merged as after any pause."""
+        caller who goes on within a second of the reply is merged as after any pause. A
+        reply that ends the call (a goodbye) waits for smart-turn or max_silence_ms as
+        before: callers often say more ("That's all. [pause] Goodbye."), and a hang-up
+        cannot be taken back (tests/test_turn_merge.py lost that goodbye in a full run)."""
         spec = self._spec
         return (
             spec is not None
@@ -655,6 +658,7 @@ class VoiceAgent(Agent):
             and bool(spec.text)
             and spec.engine.last_by_rules
             and not spec.engine.last_missed
+            and not spec.engine.ended
         )
 
     def _drop_speculation(self) -> None:
