@@ -153,7 +153,7 @@ def talk_over_figures(report: CallReport, cuts: list[float] | None) -> dict[str,
     """Intended barge-ins and their reactions; the agent's cuts that nothing the caller
     meant explains.
 
-    ``cuts``: when the agent cut a reply short (its own count, sampled on this clock). A
+    ``cuts``: when the agent cut a reply short (its own record, on this clock). A
     cut is the caller's doing within 1.5 s of the start of something the caller said (to
     the end of it plus 0.5 s), or of keys pressed while the agent talked; a cut within 1 s
     of a transfer's outcome is the agent's own (it takes the caller back). Every other cut
@@ -308,16 +308,18 @@ class Bench:
                       f" in {rec['call_s']} s", flush=True)  # fmt: skip
 
     async def watch_cuts(self) -> None:
-        """The agent's count of replies cut short, sampled every 10 ms: when each cut was."""
-        loop = asyncio.get_running_loop()
+        """The agent's replies cut short, looked at every 10 ms: when each one stopped (the
+        agent's ``cut_at``, time.monotonic, the loop's clock). Not when it was counted: a
+        reply held for a possible backchannel counts once the probe says it was words,
+        which can be seconds after the caller's words began."""
         seen: dict[str, int] = {}
         while True:
             await asyncio.sleep(0.01)
             for token, agent in list(self.agents.items()):
-                n = agent.barge_ins
-                if n > seen.get(token, 0):
-                    self.cuts.setdefault(token, []).extend([loop.time()] * (n - seen.get(token, 0)))
-                    seen[token] = n
+                n = seen.get(token, 0)
+                if len(agent.cut_at) > n:
+                    self.cuts.setdefault(token, []).extend(agent.cut_at[n:])
+                    seen[token] = len(agent.cut_at)
 
     def renderer(self, step: Speak, voice: str) -> NDArray[np.int16] | None:
         got = self.human(step, voice)

@@ -13,6 +13,7 @@ import asyncio
 import functools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -840,6 +841,7 @@ async def test_a_few_words_over_a_held_reply_it_would_not_understand_let_it_go_o
         c.models.asr_texts.extend([heard, heard])
         c.vad(True, True)
         await c.tick(BARGE_TICKS, OUR_RMS)
+        stopped = time.monotonic()  # the reply stopped (held, or cut) by now
         writes = len(c.out.writes)
         c.vad(False, False)
         await c.tick(4)
@@ -848,9 +850,12 @@ async def test_a_few_words_over_a_held_reply_it_would_not_understand_let_it_go_o
             assert c.agent.barge_ins == 0 and len(c.out.writes) > writes
             await c.drain()
             assert c.agent.turns == [] and c.transcript == [("agent", " ".join(GREETING))]
+            assert c.agent.cut_at == []
         else:
             await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
             assert c.agent.backchannels == 0 and len(c.out.writes) == writes
+            # dated when the reply stopped, not when the probe judged it no backchannel
+            assert len(c.agent.cut_at) == 1 and c.agent.cut_at[0] <= stopped
 
 
 @aio

@@ -205,6 +205,9 @@ class VoiceAgent(Agent):
         self.turns: list[TurnTiming] = []
         self.paused = False  # an operator paused us (MQTT command): no listening, no turns
         self.barge_ins = 0  # replies cut short by the caller (speech or a key)
+        # when each of those replies stopped (time.monotonic): a held reply's cut counts
+        # when it is judged no backchannel, but it stopped when it was held
+        self.cut_at: list[float] = []
         self.merges = 0  # turns taken back: the caller went on after a pause
         self.backchannels = 0  # "uh-huh"s heard over a reply that then went on
         self.events: list[AgentEvent] = []
@@ -425,6 +428,7 @@ class VoiceAgent(Agent):
         """The caller talks over us (or presses a key): stop the reply where it is, on the
         wire too; the turn it answered is reported as cut short."""
         self.barge_ins += 1
+        self.cut_at.append(time.monotonic())
         self._undo = None
         heard = self._stop_reply()
         if self.engine is not None:
@@ -589,6 +593,7 @@ class VoiceAgent(Agent):
         if held is None:
             return
         self.barge_ins += 1
+        self.cut_at.append(held.since)
         self._undo = None
         self._voice_from = None
         self._gen += 1  # the held reply's task and synthesis stop
