@@ -164,7 +164,10 @@ def test_failed_transfer_hands_the_caller_back() -> None:
     assert _said(_turn(e, "opening hours")).startswith("We're open")
 
 
-@pytest.mark.parametrize("text", ["Goodbye.", "Bye!", "No, thank you.", "That's all, thanks."])
+@pytest.mark.parametrize(
+    "text", ["Goodbye.", "Bye!", "No, thank you.", "No thanks.", "That's all, thanks.",
+             "Great, thanks. That's all."]
+)  # fmt: skip
 def test_goodbye_hangs_up(text: str) -> None:
     assert _turn(_new(), text) == [Say("Thanks for calling Acme. Goodbye!"), Hangup("intent")]
 
