@@ -254,7 +254,6 @@ class Bench:
         self.gate = asyncio.Semaphore(parallel)
         self.human = HumanVoice()
         self.agents: dict[str, VoiceAgent] = {}
-        self.cuts: dict[str, list[float]] = {}  # per call: when the agent cut a reply
         self.transcriber = Transcriber()
         self.uri = ""
         self.n = 0
@@ -267,7 +266,6 @@ class Bench:
             m = re.search(r"(bench-\d+-\d+)", call.caller)
             if m:
                 self.agents[m.group(1)] = agent
-                self.cuts[m.group(1)] = []
             await start(call, output)
 
         agent.start = remember  # type: ignore[method-assign]
@@ -298,28 +296,16 @@ class Bench:
                     if target is not None:
                         await asyncio.to_thread(stop_transfer_target, target, 15.0)
                 agent = self.agents.pop(token, None)
-                cuts = self.cuts.pop(token, None)
-                rec = run_record(report, cell, cuts if agent is not None else None)
+                # when the agent cut a reply, as it recorded (time.monotonic, this loop's
+                # clock): when the reply stopped, not when a held one was counted
+                cuts = list(agent.cut_at) if agent is not None else None
+                rec = run_record(report, cell, cuts)
                 rec["wall_s"] = round(time.monotonic() - t0, 1)
                 tmp = path.with_suffix(".tmp")
                 tmp.write_text(json.dumps(rec, indent=1))
                 tmp.replace(path)  # whole or not at all
                 print(f"{cell.name} {name}: {rec['steps_passed']}/{rec['steps_total']} steps"
                       f" in {rec['call_s']} s", flush=True)  # fmt: skip
-
-    async def watch_cuts(self) -> None:
-        """The agent's replies cut short, looked at every 10 ms: when each one stopped (the
-        agent's ``cut_at``, time.monotonic, the loop's clock). Not when it was counted: a
-        reply held for a possible backchannel counts once the probe says it was words,
-        which can be seconds after the caller's words began."""
-        seen: dict[str, int] = {}
-        while True:
-            await asyncio.sleep(0.01)
-            for token, agent in list(self.agents.items()):
-                n = seen.get(token, 0)
-                if len(agent.cut_at) > n:
-                    self.cuts.setdefault(token, []).extend(agent.cut_at[n:])
-                    seen[token] = len(agent.cut_at)
 
     def renderer(self, step: Speak, voice: str) -> NDArray[np.int16] | None:
         got = self.human(step, voice)
@@ -340,13 +326,11 @@ async def run_matrix(cells: list[Cell], scripts: list[Script], out: Path, parall
     bench.uri = server.uri
     print(f"bridge up ({load_s:.1f} s to load the models); {len(cells)} cells x "
           f"{len(scripts)} scripts", flush=True)  # fmt: skip
-    watcher = asyncio.get_running_loop().create_task(bench.watch_cuts())
     try:
         jobs = [bench.one(c, s, seed + i) for i, (c, s) in
                 enumerate(itertools.product(cells, scripts))]  # fmt: skip
         await asyncio.gather(*jobs)
     finally:
-        watcher.cancel()
         bench.transcriber.close()
         await server.stop()
     if bench.human.used or bench.human.fallback:

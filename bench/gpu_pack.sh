@@ -15,7 +15,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUTDIR=$(realpath -m "${1:-$ROOT/.gpu}")
 SP=$ROOT/.venv/lib/python3.11/site-packages
 MODELS=${SIP_BRIDGE_MODELS:-$HOME/.cache/sip-bridge/models}
-ORT_GPU=onnxruntime-gpu==1.31.1
+ORT_GPU=$(sed -n 's/^ORT_GPU := //p' "$ROOT/Makefile")  # the version `make GPU=1` installs
 T=$(mktemp -d); trap 'rm -rf "$T"' EXIT
 S=$T/stage; mkdir -p "$S"/py/bin "$S"/py/lib "$S"/site "$S"/lib "$S"/espeak/bin "$S"/espeak/data "$S"/models
 cp /usr/bin/python3.11 "$S"/py/bin/

@@ -204,9 +204,9 @@ class VoiceAgent(Agent):
         self.engine: DialogueEngine | None = None
         self.turns: list[TurnTiming] = []
         self.paused = False  # an operator paused us (MQTT command): no listening, no turns
-        self.barge_ins = 0  # replies cut short by the caller (speech or a key)
-        # when each of those replies stopped (time.monotonic): a held reply's cut counts
-        # when it is judged no backchannel, but it stopped when it was held
+        # replies cut short by the caller (speech or a key): when each one stopped
+        # (time.monotonic); a held reply's cut counts once it is judged no backchannel,
+        # but it stopped when it was held
         self.cut_at: list[float] = []
         self.merges = 0  # turns taken back: the caller went on after a pause
         self.backchannels = 0  # "uh-huh"s heard over a reply that then went on
@@ -349,6 +349,11 @@ class VoiceAgent(Agent):
             elif self._understood_in_pause():
                 self._end_turn("understood", now)
 
+    @property
+    def barge_ins(self) -> int:
+        """Replies cut short by the caller (speech or a key)."""
+        return len(self.cut_at)
+
     def on_event(self, event: AgentEvent) -> None:
         self.events.append(event)
         if self.engine is None:
@@ -427,7 +432,6 @@ class VoiceAgent(Agent):
     def _barge_in(self) -> None:
         """The caller talks over us (or presses a key): stop the reply where it is, on the
         wire too; the turn it answered is reported as cut short."""
-        self.barge_ins += 1
         self.cut_at.append(time.monotonic())
         self._undo = None
         heard = self._stop_reply()
@@ -592,7 +596,6 @@ class VoiceAgent(Agent):
         held, self._held = self._held, None
         if held is None:
             return
-        self.barge_ins += 1
         self.cut_at.append(held.since)
         self._undo = None
         self._voice_from = None
