@@ -40,3 +40,4 @@ class ModelSettings:
     threads: int = 2  # inference threads of the ASR, end-of-turn and TTS sessions
     workers: int = 2  # model jobs (ASR segments, TTS sentences) running at once
     batch_vad: bool = True  # one VAD inference per tick for all calls
+    phrase_cache_mb: int = 32  # rendered speech kept for reuse (agent.voice.phrase_cache); 0: off

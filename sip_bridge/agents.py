@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import threading
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol, cast
@@ -46,6 +47,7 @@ _models: dict[object, VoiceModels] = {}
 _profiles: dict[tuple[str, int], AgentProfile] = {}  # (path, mtime): an edit loads anew
 _speech: dict[SpeechModelConfig, tuple[SpeechToSpeechModel, FrameBatcher | None]] = {}
 _prompts: dict[tuple[str, int], NDArray[np.int16]] = {}
+_warmed: set[tuple[int, int, int]] = set()  # (models, profile, bound) whose phrases were queued
 
 
 def make_agent(config: BridgeConfig) -> Agent:
@@ -211,6 +213,7 @@ def _profile(path: str) -> AgentProfile:
 def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:
     """Load (once) the voice models and the profile; the first call loads and warms them, so
     `BridgeServer.start()` calls this before it listens. Blocking: seconds on a cold start."""
+    from agent.voice.phrase_cache import shared_cache
     from agent.voice.voice_models import VoiceModels
     from model_runtime.store import default_store
 
@@ -222,9 +225,25 @@ def prepare_agents(config: BridgeConfig) -> tuple[VoiceModels, AgentProfile]:
         if profile.hours is not None:  # a broken after-hours profile stops the start too
             _profile(profile.hours.after_hours_profile)
         scale = profile.voice.length_scale
-        key = (m, default_store().root, scale)
+        phrases = shared_cache(m.phrase_cache_mb << 20)
+        key = (replace(m, phrase_cache_mb=0), default_store().root, scale)
         models = _models.get(key)
         if models is None:
-            models = _models[key] = VoiceModels(m, length_scale=scale)
+            models = _models[key] = VoiceModels(m, length_scale=scale, phrases=phrases)
             models.warm_up()
+        _warm_phrases(models, profile)
+        if profile.hours is not None:  # its calls are answered with these models too
+            _warm_phrases(models, _profile(profile.hours.after_hours_profile))
     return models, profile
+
+
+def _warm_phrases(models: VoiceModels, profile: AgentProfile) -> None:
+    """Queue ``profile``'s fixed phrases for rendering, once per models and profile version."""
+    from agent.dialogue.fixed_phrases import fixed_pieces
+    from agent.voice.voice_models import FIRST_WORDS
+
+    key = (id(models), id(profile), models.phrases.max_bytes)  # a new bound may have dropped some
+    if models.phrases.max_bytes == 0 or key in _warmed:
+        return
+    _warmed.add(key)
+    models.warm_phrases(fixed_pieces(profile, first_max_words=FIRST_WORDS))

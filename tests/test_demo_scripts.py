@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import urllib.request
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -63,13 +64,14 @@ class ScriptRun:
     output: str  # what the runners printed
     sipp: tuple[int, str] | None  # the transfer target's exit status and output
     records: str  # what the bridge heard and said in every call (its call records)
+    metrics: str  # the bridge's /metrics after the last call
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScriptRun]]:
     """Every demo script played once against one bridge."""
     tmp = tmp_path_factory.mktemp("demo")
-    with shipped_bridge(tmp / "data") as bridge:
+    with shipped_bridge(tmp / "data", args=["--metrics", "127.0.0.1:0"]) as bridge:
         # about four calls at once: the plain scripts three at a time in one runner, the
         # transfer scripts one after another beside them, each with its own target
         plain = [DEMO_SCRIPTS / f"{s}.toml" for s in SCRIPTS if s not in TRANSFER_TARGETS]
@@ -88,6 +90,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScriptR
         out, _ = lane.communicate(timeout=300)
         outputs.append(out)
         assert lane.returncode in (0, 1), f"the plain scripts -> {lane.returncode}:\n{out}"
+        url = next(m[1] for line in bridge.banner if (m := re.search(r"metrics: (\S+)", line)))
+        with urllib.request.urlopen(url, timeout=5) as r:
+            metrics = r.read().decode()
     text = "\n".join(outputs)
     heard = records_digest(tmp / "data")
     results: dict[str, ScriptRun] = {}
@@ -99,7 +104,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, ScriptR
                 if m:
                     steps[int(m.group(1))] = _status(case)
             name = Path(suite.get("file", "")).stem
-            results[name] = ScriptRun(steps, text, sipp.get(name), heard)
+            results[name] = ScriptRun(steps, text, sipp.get(name), heard, metrics)
     yield results
 
 
@@ -135,6 +140,18 @@ def test_every_intent_and_slot_has_a_demo_script() -> None:
     assert "one two three four five" in text["cancel_yes"]  # both slots by voice
     assert "Yes" in text["cancel_yes"]
     assert set(TRANSFER_TARGETS) <= set(SCRIPTS)
+
+
+def test_what_every_call_says_was_rendered_once(runs: dict[str, ScriptRun]) -> None:
+    """The greeting, "Anything else?", goodbyes: from the phrase cache, not Piper again."""
+    metrics = next(iter(runs.values())).metrics
+    figures = {
+        name: float(value)
+        for name, value in re.findall(r"^(sipbridge_phrase_cache_\w+) (\S+)$", metrics, re.M)
+    }
+    hits = figures["sipbridge_phrase_cache_hits_total"]
+    assert hits >= len(SCRIPTS), figures  # at least a greeting a call, on average
+    assert figures["sipbridge_phrase_cache_bytes"] > 0, figures
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -44,6 +44,7 @@ from agent.transcript import confidence_of
 from agent.words import normalize
 
 __all__ = [
+    "TRANSFER_FAILED",
     "DialogueEngine",
     "Hangup",
     "KeyTurn",
@@ -56,6 +57,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: Said when a transfer fails and the profile's [fallback] transfer_failed is unset.
+TRANSFER_FAILED = "Sorry, I couldn't connect you. How else can I help?"
 
 
 @dataclass(frozen=True)
@@ -200,7 +204,7 @@ class DialogueEngine:
             return []
         self.ended = False
         t = self.profile.fallback.transfer_failed
-        text = t.render(self._vars) if t else "Sorry, I couldn't connect you. How else can I help?"
+        text = t.render(self._vars) if t else TRANSFER_FAILED
         return [Say(text)]
 
     async def respond(self, text: str) -> AsyncIterator[ReplyPart]:

@@ -219,6 +219,8 @@ class PiperTts:
             Path(model), model=graph.SerializeToString(), name=MODEL, threads=threads, device=device
         )
         self._inputs = {i.name for i in self._session.get_inputs()}
+        #: which voice speaks (its model file and speaker): the phrase cache keys by it
+        self.voice_name = f"{model.name}#{self.config.default_speaker_id}"
         self._scales = np.array(
             [
                 self.config.noise_scale,
@@ -230,6 +232,11 @@ class PiperTts:
         self._gain = float(10.0 ** (gain_db / 20.0))
         self._pause = round(sentence_pause_s * self.sample_rate)
         self._comma_pause = round(comma_pause_s * self.sample_rate)
+
+    @property
+    def length_scale(self) -> float:
+        """The speed spoken at (> 1: slower)."""
+        return float(self._scales[1])
 
     def phonemes(self, sentence: str) -> str:
         """The IPA phonemes spoken for ``sentence`` (after :func:`normalize_for_speech`)."""

@@ -8,11 +8,14 @@ the utterance being transcribed) lives in the small objects made here for each c
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
 from typing import cast
 
 import numpy as np
@@ -20,6 +23,7 @@ from numpy.typing import NDArray
 
 from agent.dialogue.sentences import split_sentences
 from agent.voice.asr import IncrementalTranscriber, MoonshineAsr
+from agent.voice.phrase_cache import PhraseCache, PhraseKey
 from agent.voice.tts import PiperTts
 from agent.voice.turn import EndOfTurn, SmartTurn
 from agent.voice.vad import (
@@ -44,6 +48,7 @@ log = logging.getLogger(__name__)
 # hears the answer begin after the time to synthesise ~1 s of speech, not a whole sentence.
 FIRST_WORDS = 6
 LINE_RATE = 8000  # what the voice agent hears and says (the bridge's G.711 rate)
+WARM_NICE = 10  # the phrase-warming thread's niceness: calls' model runs go first
 
 
 class VoiceModels:
@@ -58,7 +63,10 @@ class VoiceModels:
         asr: MoonshineAsr | None = None,
         tts: PiperTts | None = None,
         length_scale: float | None = None,
+        phrases: PhraseCache | None = None,
     ) -> None:
+        """``phrases``: where rendered pieces are kept (shared by the models of every profile
+        of a process); default: a cache of ``settings.phrase_cache_mb`` of its own."""
         s = self.settings = settings or ModelSettings()
         t0 = time.monotonic()
         device = cast(Device, s.device)
@@ -67,6 +75,12 @@ class VoiceModels:
         self.asr = asr or MoonshineAsr(threads=s.threads, device=device)
         self.tts = tts or PiperTts(threads=s.threads, length_scale=length_scale, device=device)
         self.executor = ThreadPoolExecutor(s.workers, thread_name_prefix="voice-model")
+        self.phrases = phrases or PhraseCache(s.phrase_cache_mb << 20)
+        self._voice = (self.tts.voice_name, self.tts.length_scale)
+        self._warm_queue: list[str] = []
+        self._warm_lock = threading.Lock()
+        self._warmer: threading.Thread | None = None
+        self._closed = threading.Event()
         self._batcher: TickBatcher[VadRequest, VadResult] | None = (
             None  # made on the running loop, at first use
         )
@@ -115,15 +129,66 @@ class VoiceModels:
         8 kHz). Runs in the executor, resampling included (seconds of audio at once would
         stall the media loop); checks ``cancel`` between sentences; ``skip``: pieces
         already spoken (a speculation's first)."""
-        down = Resampler(self.tts.sample_rate, LINE_RATE)
         for sentence in split_sentences(text, first_max_words=FIRST_WORDS)[skip:]:
             if cancel.is_set():
                 return
             yield sentence, None
-            yield sentence, down.process(self.tts.synthesize(sentence))
+            yield sentence, self.synthesize(sentence)
 
     def synthesize(self, sentence: str) -> NDArray[np.int16]:
-        """One piece at 8 kHz, complete (a reply's first, made ahead of the rest)."""
+        """One piece at 8 kHz, complete and read-only: from the phrase cache, else rendered
+        (blocking) and kept there."""
+        return self.phrases.render(self._key(sentence), partial(self._render, sentence))
+
+    def cached(self, sentence: str) -> NDArray[np.int16] | None:
+        """The piece's audio if the phrase cache has it (never blocks: the event loop asks)."""
+        return self.phrases.get(self._key(sentence))
+
+    def warm_phrases(self, pieces: Iterable[str]) -> None:
+        """Render ``pieces`` (a profile's fixed ones) into the phrase cache in a background
+        thread of low priority, one after another, skipping those already there: the bridge
+        starts at once, and a caller who asks for a piece before it is warm gets it rendered
+        on demand (once: the warmer then finds it)."""
+        pieces = list(pieces)
+        with self._warm_lock:
+            self._warm_queue.extend(pieces)
+            self.phrases.queued(len(pieces))
+            if self._warmer is None or not self._warmer.is_alive():
+                self._warmer = threading.Thread(
+                    target=self._warm, name="voice-phrase-warmer", daemon=True
+                )
+                self._warmer.start()
+
+    def _warm(self) -> None:
+        with contextlib.suppress(AttributeError, OSError):  # Linux: a thread is a task
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_NICE)
+        t0, done = time.monotonic(), 0
+        while not self._closed.is_set():
+            with self._warm_lock:
+                if not self._warm_queue:
+                    self._warmer = None
+                    break
+                piece = self._warm_queue.pop(0)
+            try:
+                if self._key(piece) not in self.phrases:
+                    self.phrases.render(self._key(piece), partial(self._render, piece), ahead=True)
+                    done += 1
+            except Exception:  # that piece is rendered when said, as without a cache
+                log.exception("phrase %r could not be rendered ahead", piece)
+            finally:
+                self.phrases.queued(-1)
+        if not done:
+            return
+        st = self.phrases.stats
+        log.info(
+            "phrase cache: %d pieces rendered ahead in %.1f s; %d held, %.1f of %.0f MB",
+            done, time.monotonic() - t0, st.entries, st.bytes / 2**20, st.max_bytes / 2**20,
+        )  # fmt: skip
+
+    def _key(self, sentence: str) -> PhraseKey:
+        return (*self._voice, sentence)
+
+    def _render(self, sentence: str) -> NDArray[np.int16]:
         down = Resampler(self.tts.sample_rate, LINE_RATE)
         pcm = self.tts.synthesize(sentence)
         return np.concatenate([down.process(pcm), down.flush()])
@@ -136,6 +201,7 @@ class VoiceModels:
             return self._batcher
 
     def close(self) -> None:
+        self._closed.set()
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 

@@ -88,6 +88,9 @@ MEANINGS: dict[str, str] = {
     "models.threads": "threads of each ASR, end-of-turn and TTS session, 1..64",
     "models.workers": "model jobs of all calls running at once, 1..64",
     "models.batch_vad": "one VAD run per tick for all calls",
+    "models.phrase_cache_mb": (
+        "MB of rendered speech kept: the profiles' fixed phrases, rendered once; 0 = off"
+    ),
     "inbound.rate_per_s": "INVITEs per second per source (not a trunk's); 0 = no limit",
     "inbound.burst": "INVITEs a source may send at once",
     "inbound.silence_after": "refusals in a row (401/403/503) after which a source's datagrams "

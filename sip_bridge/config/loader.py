@@ -157,6 +157,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "threads": (int,),
         "workers": (int,),
         "batch_vad": (bool,),
+        "phrase_cache_mb": (int,),
     },
     "agent.echo": {"delay_s": (int, float)},
     "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
@@ -422,6 +423,9 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     for key in ("threads", "workers"):
         if not 1 <= getattr(models, key) <= 64:
             raise ConfigError(p, _line_of(text, "models", key), f"models.{key}", "must be 1..64")
+    if not 0 <= models.phrase_cache_mb <= 4096:
+        line = _line_of(text, "models", "phrase_cache_mb")
+        raise ConfigError(p, line, "models.phrase_cache_mb", "must be 0..4096")
     if models.dir and not Path(models.dir).is_absolute():
         models = replace(models, dir=str(Path(p).resolve().parent / models.dir))
     log_cfg = LogConfig(**data.get("log", {}))

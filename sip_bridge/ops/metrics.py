@@ -74,6 +74,10 @@ from prometheus_client import (
     Info,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from agent.voice.phrase_cache import shared_stats
 
 __all__ = [
     "MAX_REQUEST",
@@ -280,6 +284,7 @@ class BridgeMetrics:
             "How the media path runs: compiled (mypyc) or python.",
             registry=r,
         )
+        r.register(_PhraseCacheFigures())
         for outcome in OUTCOMES:  # zeros from the start, so rate() sees the first call
             self.calls.labels(outcome)
         for stage in (*TURN_STAGES, "total"):
@@ -407,6 +412,33 @@ class BridgeMetrics:
     def render(self) -> bytes:
         """The Prometheus text exposition of everything above."""
         return generate_latest(self.registry)
+
+
+class _PhraseCacheFigures(Collector):
+    """The voice agent's phrase cache (agent.voice.phrase_cache), read at each scrape."""
+
+    def collect(self) -> Iterable[Metric]:
+        st = shared_stats()
+        if st is None:
+            return
+        yield CounterMetricFamily(
+            "sipbridge_phrase_cache_hits",
+            "Pieces of speech a call took from the phrase cache (not rendered again).",
+            value=st.hits,
+        )
+        yield CounterMetricFamily(
+            "sipbridge_phrase_cache_misses",
+            "Pieces of speech a call had rendered (not in the phrase cache yet, or never kept).",
+            value=st.misses,
+        )
+        yield GaugeMetricFamily(
+            "sipbridge_phrase_cache_bytes", "Audio the phrase cache holds (bytes).", value=st.bytes
+        )
+        yield GaugeMetricFamily(
+            "sipbridge_phrase_cache_queued",
+            "The profiles' fixed phrases still to be rendered ahead (0: warm).",
+            value=st.queued,
+        )
 
 
 class _BadRequest(Exception):
