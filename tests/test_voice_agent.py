@@ -112,6 +112,7 @@ class FakeModels:
         self.event: tuple[int | None, bool] | None = None  # (onset_lag, confirmed), once
         self.stt, self.eot = FakeEar(self), FakeEar(self)
         self.errors = 0  # VAD windows that failed (VadGate.errors)
+        self.cache: dict[str, NDArray[np.int16]] = {}  # pieces the phrase cache holds
 
     def _transcribe(self, pcm: NDArray[np.int16], **_: object) -> str:
         self.clips.append(pcm.size)
@@ -132,6 +133,11 @@ class FakeModels:
 
     def end_of_turn(self, settings: VoiceSettings, executor: object = None) -> FakeEar:
         return self.eot
+
+    def cached(self, sentence: str) -> NDArray[np.int16] | None:
+        """The phrase cache: what a test put in ``cache`` (empty: every piece goes through
+        speak() or synthesize())."""
+        return self.cache.get(sentence)
 
     def synthesize(self, sentence: str) -> NDArray[np.int16]:
         """The TTS of one piece (a reply's first, made ahead of the rest)."""
@@ -359,6 +365,28 @@ def _ticks(sentences: list[str]) -> int:
 
 
 HOURS = "We're open Monday to Friday, 8 a.m. to 6 p.m., and Saturday 9 to 1."
+
+
+@aio
+async def test_pieces_in_the_phrase_cache_go_out_while_every_model_worker_is_busy() -> None:
+    c = Call(greeted=False)
+    cached = GREETING[:-1]  # the last sentence is not in the cache: the TTS renders it
+    c.models.cache = {s: _tone(len(s.split()) * WORD_8K, 500, 8000, OUR_RMS) for s in cached}
+    busy = threading.Event()
+    c.models.executor.submit(busy.wait, 5)  # another call's model job holds the one worker
+    await c.agent.start(CallInfo("call-1"), c.out)
+    try:
+        await c.until(lambda: len(c.out.writes) == len(cached), "the cached pieces")
+        assert [w.size for _, w in c.out.writes] == [_len8k([s]) for s in cached]
+        assert c.models.produced == []  # the rest waits for a worker, in order
+        busy.set()
+        await c.until(lambda: c.models.finished == 1, "the rest of the greeting")
+        assert c.models.produced == GREETING[-1:]  # only what the cache lacked
+        assert [w.size for _, w in c.out.writes] == [_len8k([s]) for s in GREETING]
+    finally:
+        busy.set()
+        await c.agent.stop()
+        c.models.executor.shutdown(wait=True)
 BYE = "Thanks for calling Acme. Goodbye!"
 
 

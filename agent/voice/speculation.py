@@ -29,6 +29,7 @@ __all__ = ["Speculation", "join_texts"]
 
 class _Synth(Protocol):
     def synthesize(self, sentence: str) -> NDArray[np.int16]: ...
+    def cached(self, sentence: str) -> NDArray[np.int16] | None: ...
 
 
 async def join_texts(texts: list[Future[str]]) -> str:
@@ -80,8 +81,10 @@ class Speculation:
         say = next((p for p in self.head if isinstance(p, Say)), None)
         pieces = split_sentences(say.text, first_max_words=self._first_words) if say else []
         if pieces:
-            loop = asyncio.get_running_loop()
-            pcm = await loop.run_in_executor(self._executor, self._tts.synthesize, pieces[0])
+            pcm = self._tts.cached(pieces[0])  # a phrase every call says: no model job
+            if pcm is None:
+                loop = asyncio.get_running_loop()
+                pcm = await loop.run_in_executor(self._executor, self._tts.synthesize, pieces[0])
             self.first_audio = (pieces[0], pcm)
             self.tts_first = time.monotonic()
 

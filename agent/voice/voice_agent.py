@@ -57,6 +57,7 @@ from agent.dialogue.engine import (
     Transfer,
 )
 from agent.dialogue.profile import AgentProfile
+from agent.dialogue.sentences import split_sentences
 from agent.model_guard import ModelGuard
 from agent.redaction import sensitive_text
 from agent.ticks import FRAME, FRAME_MS, RATE, TICK_S
@@ -867,9 +868,21 @@ class VoiceAgent(Agent):
         if first is not None:
             deliver(first[0], None)
             deliver(*first)
+        # pieces already rendered (the phrase cache) go out from here, at once: a reply
+        # every call says never waits behind other calls' model jobs for a worker
+        skip = int(first is not None)
+        pieces = split_sentences(text, first_max_words=FIRST_WORDS)
+        while skip < len(pieces) and (pcm := self.models.cached(pieces[skip])) is not None:
+            if timing is not None and not timing.tts_first:
+                timing.tts_first = time.monotonic()
+            deliver(pieces[skip], None)
+            deliver(pieces[skip], pcm)
+            skip += 1
+        if skip == len(pieces):
+            return
 
         def work() -> None:
-            pieces = self.models.speak(text, cancel, skip=int(first is not None))
+            pieces = self.models.speak(text, cancel, skip=skip)
             try:
                 while True:
                     with self.guard.watch("tts"):  # one sentence's synthesis: one model run
