@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from concurrent.futures import Future
 
+import numpy as np
 from test_voice_agent import HOURS, Call, aio
 
 from agent.dialogue.sentences import split_sentences
@@ -37,6 +38,27 @@ async def test_a_reply_prepared_in_the_pause_goes_out_the_tick_the_turn_ends() -
         assert c.agent.engine.turns == 1  # the fork that answered was adopted
         await c.drain()
         assert c.transcript[-1] == ("agent", HOURS)
+
+
+@aio
+async def test_a_first_piece_in_the_phrase_cache_needs_no_model_worker() -> None:
+    pieces = split_sentences(HOURS, first_max_words=FIRST_WORDS)
+    async with Call() as c:
+        c.models.cache = {p: np.full(800, 1000, np.int16) for p in pieces}
+        c.models.asr_texts.append("what are your opening hours")
+        c.vad(True, True)
+        await c.tick(8, 2000)
+        c.vad(False, False)
+        await c.tick(4)
+        spec = c.agent._spec
+        assert spec is not None
+        await c.until(lambda: spec.task.done(), "the reply, prepared in the pause")
+        assert spec.first_audio is not None and spec.first_audio[1] is c.models.cache[pieces[0]]
+        c.models.eot.fire = "model"
+        await c.tick()
+        await c.drain()
+        assert c.transcript[-1] == ("agent", HOURS)
+        assert not set(pieces) & set(c.models.produced)  # no piece went to the TTS
 
 
 @aio
