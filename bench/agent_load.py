@@ -129,6 +129,10 @@ def scrape(url: str) -> dict[str, float]:
         "sipbridge_frames_sent_total",
         "sipbridge_calls_offered_total",
         "sipbridge_active_calls",
+        "sipbridge_phrase_cache_hits_total",
+        "sipbridge_phrase_cache_misses_total",
+        "sipbridge_phrase_cache_bytes",
+        "sipbridge_phrase_cache_queued",
     )
     out = dict.fromkeys(want, 0.0)
     for line in text.splitlines():
@@ -283,6 +287,10 @@ async def run_load(
             )
             if url is None:
                 raise RuntimeError(f"the bridge announced no metrics endpoint: {bridge.banner}")
+            t_warm = time.monotonic()  # the profile's fixed phrases, rendered after the start
+            while scrape(url)["sipbridge_phrase_cache_queued"] and time.monotonic() - t_warm < 300:
+                await asyncio.sleep(0.2)
+            phrases_s = time.monotonic() - t_warm
             start_rss = tree_rss_mb(pid)
             warmup = None
             if opts.warmup:  # ONNX Runtime sizes its buffers on the first real inputs
@@ -367,6 +375,10 @@ async def run_load(
         counters[k] - before[k]
         for k in ("sipbridge_late_frames_total", "sipbridge_frames_sent_total")
     )
+    hits, misses = (
+        counters[k] - before[k]
+        for k in ("sipbridge_phrase_cache_hits_total", "sipbridge_phrase_cache_misses_total")
+    )
     out = {
         "calls": calls,
         "minutes": opts.minutes,
@@ -397,6 +409,12 @@ async def run_load(
             k: status.get(k)
             for k in ("counters", "admission", "models", "media_path", "error")
             if k in status
+        },
+        "phrase_cache": {
+            "hits": int(hits),
+            "misses": int(misses),
+            "mb": round(counters["sipbridge_phrase_cache_bytes"] / 2**20, 2),
+            "rendered_ahead_in_s": round(phrases_s, 1),
         },
         "warmup_call": None if warmup is None else warmup.outcome,
         "bridge_start_s": round(start_s, 1),
@@ -484,6 +502,16 @@ async def run_all(counts: list[int], scripts: list[Script], opts: LoadOptions) -
     }
 
 
+def with_phrase_cache(toml: str, mb: int) -> str:
+    """``toml`` (a bridge.toml) with ``[models] phrase_cache_mb = mb``."""
+    line = f"phrase_cache_mb = {mb}"
+    if re.search(r"^phrase_cache_mb\s*=.*$", toml, re.M):
+        return re.sub(r"^phrase_cache_mb\s*=.*$", line, toml, count=1, flags=re.M)
+    if re.search(r"^\[models\]\s*$", toml, re.M):
+        return re.sub(r"^\[models\]\s*$", f"[models]\n{line}", toml, count=1, flags=re.M)
+    return f"{toml}\n[models]\n{line}\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=4, help="concurrent callers")
@@ -503,16 +531,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--level", type=float, default=-20.0, help="callers' speech level, dBFS")
     p.add_argument("--out", type=Path, default=OUT / "agent_load.json")
+    p.add_argument(
+        "--phrase-cache-mb",
+        type=int,
+        help="run the config with this [models] phrase_cache_mb (0: off; a copy beside it)",
+    )
     args = p.parse_args(argv)
     counts = [int(x) for x in args.sweep.split(",")] if args.sweep else [args.calls]
     if min(counts) < 1 or args.minutes <= 0:
         p.error("callers >= 1 and --minutes > 0")
     if not args.config.is_file():
         p.error(f"--config {args.config}: no such file")
-    opts = LoadOptions(
-        args.minutes, args.config.resolve(), args.seed, args.ramp_s, level_dbfs=args.level
-    )
-    result = asyncio.run(run_all(counts, pick_scripts(args.scripts), opts))
+    config = args.config.resolve()
+    if args.phrase_cache_mb is not None:  # beside the original: its relative paths still hold
+        copy = config.with_name(f".agent_load-{os.getpid()}.toml")
+        copy.write_text(with_phrase_cache(config.read_text(), args.phrase_cache_mb))
+        config = copy
+    opts = LoadOptions(args.minutes, config, args.seed, args.ramp_s, level_dbfs=args.level)
+    try:
+        result = asyncio.run(run_all(counts, pick_scripts(args.scripts), opts))
+    finally:
+        if config != args.config.resolve():
+            config.unlink()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2))
     if args.sweep:

@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from agent.voice.phrase_cache import shared_stats
 from agent.voice.voice_agent import TurnTiming, VoiceAgent
 from bench.figures import pct
 from sip_bridge.agents import make_agent
@@ -96,31 +97,44 @@ def turn_stages(row: dict[str, float | None], turns: list[TurnTiming]) -> dict[s
 
 
 async def start_bridge(
-    calls: int, adapt: Callable[[VoiceAgent], None] | None = None
+    calls: int,
+    adapt: Callable[[VoiceAgent], None] | None = None,
+    phrase_cache_mb: int | None = None,
 ) -> tuple[BridgeServer, BridgeConfig, list[VoiceAgent], float]:
-    """The bridge in this process, voice agent and demo profile, models loaded and warm:
-    (server, config, every call's agent as it is made, model load seconds). ``adapt``
-    sees each agent before its call starts (bench/long_call.py lifts the profile's limits)."""
+    """The bridge in this process, voice agent and demo profile, models loaded and warm, the
+    profile's fixed phrases rendered (as a node is seconds after it starts): (server,
+    config, every call's agent as it is made, model load seconds). ``adapt`` sees each
+    agent before its call starts (bench/long_call.py lifts the profile's limits);
+    ``phrase_cache_mb``: ``[models] phrase_cache_mb`` (default: the shipped config's)."""
     config = load_config(ROOT / "config" / "bridge.toml")
+    models = config.models
+    if phrase_cache_mb is not None:
+        models = replace(models, phrase_cache_mb=phrase_cache_mb)
     config = replace(
         config,
         sip=replace(config.sip, listen="127.0.0.1:0", max_calls=max(calls, 10)),
         http=replace(config.http, listen=""),
         rtp=replace(config.rtp, ports="31000-31999"),
+        models=models,
     )
     factory = VoiceAgents(adapt)
     agents = factory.made
 
     t_load = time.monotonic()
     make_agent(config)  # loads and warms the models, as BridgeServer.start() would
+    while (st := shared_stats()) is not None and st.queued and time.monotonic() - t_load < 300:
+        await asyncio.sleep(0.1)
     load_s = time.monotonic() - t_load
     server = BridgeServer(config, agent_factory=factory)
     await server.start()
     return server, config, agents, load_s
 
 
-async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
-    server, config, agents, load_s = await start_bridge(calls)
+async def run(
+    turns: int, calls: int, codec: str, phrase_cache_mb: int | None = None
+) -> dict[str, Any]:
+    server, config, agents, load_s = await start_bridge(calls, phrase_cache_mb=phrase_cache_mb)
+    cache0 = shared_stats()
     audio = [espeak_ng(q) for q in QUESTIONS]
     dest = ("127.0.0.1", server.port)
     cpu0, wall0 = time.process_time(), time.monotonic()
@@ -142,6 +156,11 @@ async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
     vals = [float(r["write_to_wire_ms"]) for r in rows if r.get("write_to_wire_ms") is not None]  # type: ignore[arg-type]
     stages["write_to_wire_ms"] = {"p50": pct(vals, 50), "p95": pct(vals, 95)}
     jb = [s.jitter.current_delay_ms for s in server.finished]
+    cache = shared_stats()
+    phrases = None
+    if cache is not None and cache0 is not None:
+        phrases = {"hits": cache.hits - cache0.hits, "misses": cache.misses - cache0.misses,
+                   "pieces": cache.entries, "bytes": cache.bytes}  # fmt: skip
     return {
         "bench": "turn_latency",
         "calls": calls,
@@ -153,6 +172,7 @@ async def run(turns: int, calls: int, codec: str) -> dict[str, Any]:
         "bridge_jitter_delay_ms": pct(jb, 50) if jb else None,
         "cpu_percent_of_one_core": round(100 * cpu / wall, 1),
         "model_load_and_warmup_s": round(load_s, 2),
+        "phrase_cache": phrases,
         "settings": asdict(config.agent.voice) | asdict(config.models),
         "cpus": os.cpu_count(),
         "load_avg": os.getloadavg()[0],
@@ -199,14 +219,21 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--turns", type=int, default=20, help="turns per call")
     p.add_argument("--calls", type=int, default=1, help="concurrent callers")
     p.add_argument("--codec", choices=("PCMU", "PCMA"), default="PCMU")
+    p.add_argument(
+        "--phrase-cache-mb",
+        help="[models] phrase_cache_mb; a list (0,32) runs each in turn, in this process",
+    )
     args = p.parse_args(argv)
-    result = asyncio.run(run(args.turns, args.calls, args.codec))
+    sizes = [int(v) for v in args.phrase_cache_mb.split(",")] if args.phrase_cache_mb else [None]
     OUT.mkdir(parents=True, exist_ok=True)
     name = "turn_latency" if args.calls == 1 else f"turn_latency_{args.calls}calls"
-    (OUT / f"{name}.json").write_text(json.dumps(result, indent=2))
-    _plot(result, OUT / f"{name}.png")
-    summary = {k: v for k, v in result.items() if k != "rows"}
-    print(json.dumps(summary, indent=2))
+    for mb in sizes:
+        result = asyncio.run(run(args.turns, args.calls, args.codec, mb))
+        suffix = "" if len(sizes) == 1 else f"_cache{mb}mb"
+        (OUT / f"{name}{suffix}.json").write_text(json.dumps(result, indent=2))
+        _plot(result, OUT / f"{name}{suffix}.png")
+        summary = {k: v for k, v in result.items() if k != "rows"}
+        print(json.dumps(summary, indent=2), flush=True)
     return 0
 
 
