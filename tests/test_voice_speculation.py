@@ -45,14 +45,7 @@ async def test_a_first_piece_in_the_phrase_cache_needs_no_model_worker() -> None
     pieces = split_sentences(HOURS, first_max_words=FIRST_WORDS)
     async with Call() as c:
         c.models.cache = {p: np.full(800, 1000, np.int16) for p in pieces}
-        c.models.asr_texts.append("what are your opening hours")
-        c.vad(True, True)
-        await c.tick(8, 2000)
-        c.vad(False, False)
-        await c.tick(4)
-        spec = c.agent._spec
-        assert spec is not None
-        await c.until(lambda: spec.task.done(), "the reply, prepared in the pause")
+        spec = await _spoke_and_paused(c, "what are your opening hours")
         assert spec.first_audio is not None and spec.first_audio[1] is c.models.cache[pieces[0]]
         c.models.eot.fire = "model"
         await c.tick()
