@@ -55,10 +55,12 @@ _EPS = 1e-6  # float slack when comparing deadlines that sit on the grid
 _MAX_CATCH_UP = 3  # receive pops per call and wake-up after a stall
 _READ_ROUNDS = 64  # socket reads per call and tick at most (a flood waits in the kernel)
 _RX_CHUNK = 8  # datagrams read between two checks of the budget
-# Calls per receive batch (the budget is checked between batches): the upsampler's batch
-# has a fixed cost (~25 us), so batches of 8 cost more per call; 16 calls' pops take
-# ~0.5 ms, so a batch overruns the budget by little (sends of the next tick stay on time).
+# Calls per receive batch at most (the budget is checked between batches): the upsampler's
+# batch has a fixed cost (~25 us), so batches of 8 cost more per call; 16 line-check calls'
+# pops take ~0.5 ms. A voice agent's tick (echo canceller, VAD) costs ~0.5 ms on its own,
+# so batches are sized to what is left of the budget at the measured cost per call.
 _RX_BATCH = 16
+_RX_COST_S = 0.0001  # a first guess of a call's receive cost (pop and its agent's tick)
 
 
 class ClockedCall:
@@ -159,6 +161,7 @@ class MediaClock:
         self.poller = select.epoll() if hasattr(select, "epoll") else None
         self._by_fd: dict[int, ClockedCall] = {}
         self.rx_deferred = 0  # ticks that left receive work to the next one
+        self.rx_cost_s = _RX_COST_S  # one call's receive (pop, its agent's tick), smoothed
         self.receiving = False  # inside a tick's receive pops
         self._reads_cut = 0  # ticks in a row whose reads ran out of budget (2: no budget)
 
@@ -264,12 +267,19 @@ class MediaClock:
             if not due:
                 break
             due.sort(key=_rx_time)  # the longest waiting first
-            for i in range(0, len(due), _RX_BATCH):
-                chunk = due[i : i + _RX_BATCH]
+            i = 0
+            while i < len(due):
+                # as many calls as the budget has room for (at least one: progress)
+                t0 = time.perf_counter()
+                n = max(1, min(_RX_BATCH, int((end - t0) / self.rx_cost_s)))
+                chunk = due[i : i + n]
                 _receive(chunk)
                 for m in chunk:
                     m.after_pop(g)
-                if time.perf_counter() > end:
+                t1 = time.perf_counter()
+                self.rx_cost_s += 0.2 * ((t1 - t0) / len(chunk) - self.rx_cost_s)
+                i += n
+                if t1 > end:
                     self.rx_deferred += 1
                     return
             # Only a call just popped can be due again (catch-up after a stall): scan all
