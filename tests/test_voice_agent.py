@@ -387,6 +387,8 @@ async def test_pieces_in_the_phrase_cache_go_out_while_every_model_worker_is_bus
         busy.set()
         await c.agent.stop()
         c.models.executor.shutdown(wait=True)
+
+
 BYE = "Thanks for calling Acme. Goodbye!"
 
 
