@@ -56,8 +56,9 @@ REPLIES = [
 @functools.cache
 def models() -> VoiceModels:
     """The real models, loaded once per process; the VAD inline (no batcher, no loop turn
-    between a frame and its verdict) and the TTS cached by sentence."""
-    m = VoiceModels(ModelSettings(batch_vad=False))
+    between a frame and its verdict) and the TTS cached by sentence. No phrase cache: a
+    reply it held would go out without a speak() run, which :data:`SPOKEN` counts."""
+    m = VoiceModels(ModelSettings(batch_vad=False, phrase_cache_mb=0))
     m.warm_up()
     synth = functools.lru_cache(maxsize=512)(m.tts.synthesize)
     m.tts.synthesize = synth  # type: ignore[method-assign]
