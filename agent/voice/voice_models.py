@@ -129,11 +129,16 @@ class VoiceModels:
         8 kHz). Runs in the executor, resampling included (seconds of audio at once would
         stall the media loop); checks ``cancel`` between sentences; ``skip``: pieces
         already spoken (a speculation's first)."""
+        down: Resampler | None = None  # no phrase cache: one stream, as before it existed
         for sentence in split_sentences(text, first_max_words=FIRST_WORDS)[skip:]:
             if cancel.is_set():
                 return
             yield sentence, None
-            yield sentence, self.synthesize(sentence)
+            if self.phrases.max_bytes:
+                yield sentence, self.synthesize(sentence)
+                continue
+            down = down or Resampler(self.tts.sample_rate, LINE_RATE)
+            yield sentence, down.process(self.tts.synthesize(sentence))
 
     def synthesize(self, sentence: str) -> NDArray[np.int16]:
         """One piece at 8 kHz, complete and read-only: from the phrase cache, else rendered
