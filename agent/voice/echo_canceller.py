@@ -92,14 +92,24 @@ class EchoCanceller:
         bins = block + 1
         p = self.partitions
         self._x: _C128 = np.zeros((p, bins), np.complex128)  # reference spectra, newest first
-        self._bg: _C128 = np.zeros((p, bins), np.complex128)  # background filter (adapts)
-        self._fg: _C128 = np.zeros((p, bins), np.complex128)  # foreground filter (output)
-        self._last_ref: _F64 = np.zeros(block)  # previous block: overlap-save input
-        self._last_mic: _F64 = np.zeros(block)
+        self._x_pow: _F64 = np.zeros((p, bins))  # ... and their power, shifted with them
+        # the foreground filter (the output) and the background (adapts), side by side so
+        # that both estimates take one product and one inverse FFT
+        self._filters: _C128 = np.zeros((2, p, bins), np.complex128)
+        self._fg: _C128 = self._filters[0]
+        self._bg: _C128 = self._filters[1]
+        # the partitions each filter may hold anything in (the rest are zero, and the
+        # estimates skip them): none yet
+        self._fg_live = (0, 0)
+        self._bg_live = (0, 0)
+        # overlap-save input: the previous block and this one, of the reference (row 0) and
+        # of what came back (row 1)
+        self._frames: _F64 = np.zeros((2, 2 * block))
         # where the echo is: the coherence of what comes back with each partition's
         # reference, from smoothed cross- and auto-spectra (see _locate)
         self._cross: _C128 = np.zeros((p, bins), np.complex128)
         self._ref_pow: _F64 = np.zeros((p, bins))
+        self._product: _C128 = np.zeros((p, bins), np.complex128)
         self._mic_pow: _F64 = np.zeros(bins)
         self.coherence: _F64 = np.zeros(p)
         self._heard_ours = 0  # blocks with our voice in the tail so far
@@ -158,18 +168,25 @@ class EchoCanceller:
             return d.copy()  # nothing of ours in the tail: the input is untouched
         self._idle = self._idle + 1 if silent else 0
         # the newest reference spectrum (overlap-save: previous block, this block)
+        # (and what came back: one FFT call for both)
+        frames = self._frames
+        frames[:, :n] = frames[:, n:]
+        frames[0, n:] = x
+        frames[1, n:] = d
+        spectra = np.fft.rfft(frames)
         self._x[1:] = self._x[:-1]
-        self._x[0] = np.fft.rfft(np.concatenate((self._last_ref, x)))
-        self._last_ref = x
-        self._locate(np.fft.rfft(np.concatenate((self._last_mic, d))))
-        self._last_mic = d
-        y_fg = self._estimate(self._fg)
-        y_bg = self._estimate(self._bg)
+        self._x[0] = spectra[0]
+        self._x_pow[1:] = self._x_pow[:-1]
+        self._x_pow[0] = spectra[0].real ** 2 + spectra[0].imag ** 2
+        self._locate(spectra[1])
+        estimates = self._estimates()
+        y_fg: _F64 = estimates[0]
+        y_bg: _F64 = estimates[1]
         e_fg = d - y_fg
         e_bg = d - y_bg
         follow = _IDLE if self.window is None else self._follow(d, e_fg)
         if follow == _MOVED:
-            y_fg = self._estimate(self._fg)  # the filters moved with the echo
+            y_fg = self._estimates()[0]  # the filters moved with the echo
             e_fg = e_bg = d - y_fg
             y_bg = y_fg
         elif follow == _IDLE and self._compare(e_fg, e_bg):
@@ -250,12 +267,13 @@ class EchoCanceller:
         self._fg[lo + k : hi + k] = echo
         self._bg[:] = self._fg
         self.window = (lo + k, hi + k)
+        self._fg_live = self._bg_live = self.window
         self._cross[:] = np.roll(self._cross, k, axis=0)
         if k > 0:
             self._cross[:k] = 0.0
         else:
             self._cross[p + k :] = 0.0
-        self._ref_pow[:] = np.roll(self._ref_pow, k, axis=0)
+        self._ref_pow[:] = np.roll(self._ref_pow, k, axis=0)  # (its ends: old, decaying)
         self._avg1 = self._avg2 = self._var1 = self._var2 = 0.0
         self._shift_blocks = 0
         self.shifts += 1
@@ -269,22 +287,26 @@ class EchoCanceller:
         ~3 s over the whole tail)."""
         a = _LOCATE_SMOOTH
         xs = self._x
-        self._cross += a * (mic[None, :] * np.conj(xs) - self._cross)
-        self._ref_pow += a * (xs.real**2 + xs.imag**2 - self._ref_pow)
+        product = self._product  # (a scratch array: no allocation per block)
+        np.conjugate(xs, out=product)
+        product *= a * mic[None, :]
+        self._cross *= 1.0 - a
+        self._cross += product
+        self._ref_pow += a * (self._x_pow - self._ref_pow)
         self._mic_pow += a * (mic.real**2 + mic.imag**2 - self._mic_pow)
-        num = np.einsum("pk,pk->p", self._cross.real, self._cross.real) + np.einsum(
-            "pk,pk->p", self._cross.imag, self._cross.imag
-        )
+        parts = self._cross.view(np.float64)  # (re, im) pairs: |cross|^2 in one product
+        num = np.einsum("pk,pk->p", parts, parts)
         den = self._ref_pow @ self._mic_pow + 1.0
         self.coherence = num / den
         self._heard_ours += 1
         if self._heard_ours < _LOCATE_BLOCKS:  # few averages: every coherence looks high
             return
-        best = int(np.argmax(self.coherence))
-        rest = np.delete(self.coherence, range(max(0, best - 1), min(self.partitions, best + 2)))
-        clear = self.coherence[best] > _LOCATE_MIN and (
-            rest.size == 0 or self.coherence[best] > _LOCATE_RATIO * float(rest.max())
-        )
+        coherence = self.coherence
+        best = int(np.argmax(coherence))
+        before, after = coherence[: max(0, best - 1)], coherence[best + 2 :]
+        rest = max(float(before.max()) if before.size else 0.0,
+                   float(after.max()) if after.size else 0.0)  # fmt: skip
+        clear = coherence[best] > _LOCATE_MIN and coherence[best] > _LOCATE_RATIO * rest
         if not clear:
             return
         if self.window is not None and self.window[0] <= best - 1 and best + 1 < self.window[1]:
@@ -295,21 +317,28 @@ class EchoCanceller:
             outside = np.ones(self.partitions, bool)
             outside[window[0] : window[1]] = False
             self._bg[outside] = 0.0  # what the background grew in front of the echo
+            self._bg_live = window
 
-    def _estimate(self, w: _C128) -> _F64:
-        """The echo this filter predicts for the newest block (the last half of the
-        circular convolution: overlap-save)."""
-        spectrum = np.einsum("pk,pk->k", w, self._x)
-        out: _F64 = np.fft.irfft(spectrum, 2 * self.block)[self.block :]
+    def _estimates(self) -> _F64:
+        """The echo each filter predicts for the newest block (the last half of the
+        circular convolution: overlap-save): row 0 the foreground's, row 1 the background's.
+        Over the partitions either filter holds anything in."""
+        lo = min(self._fg_live[0], self._bg_live[0])
+        hi = max(self._fg_live[1], self._bg_live[1])
+        if lo >= hi:
+            return np.zeros((2, self.block))
+        spectra = np.einsum("fpk,pk->fk", self._filters[:, lo:hi], self._x[lo:hi])
+        out: _F64 = np.fft.irfft(spectra, 2 * self.block, axis=1)[:, self.block :]
         return out
 
     def _adapt(self, err: _F64, echo: _F64, ref_energy: float) -> None:
         """One normalised, proportionate step of the background filter towards ``err``,
         each bin's step scaled by how much of its error is echo (see :meth:`_rates`)."""
         n = self.block
-        pad = np.zeros(n)
-        e = np.fft.rfft(np.concatenate((pad, err)))
-        y = np.fft.rfft(np.concatenate((pad, echo)))
+        padded = np.zeros((2, 2 * n))
+        padded[0, n:] = err
+        padded[1, n:] = echo
+        e, y = np.fft.rfft(padded)
         rate = self._rates(e, y, float(np.dot(err, err)), float(np.dot(echo, echo)), ref_energy)
         if rate is None:
             return
@@ -318,8 +347,8 @@ class EchoCanceller:
         # once the echo is found, over its partitions only (the others stay zero)
         lo, hi = self._span
         bg, xs = self._bg[lo:hi], self._x[lo:hi]
-        size = np.sqrt(np.einsum("pk,pk->p", bg.real, bg.real) +
-                       np.einsum("pk,pk->p", bg.imag, bg.imag))  # fmt: skip
+        parts = bg.view(np.float64)
+        size = np.sqrt(np.einsum("pk,pk->p", parts, parts))
         total = float(size.sum())
         m = hi - lo
         if total <= 0.0:
@@ -327,9 +356,11 @@ class EchoCanceller:
         else:  # (the even half as over the whole tail: the echo's partitions lead)
             share = 0.5 / self.partitions + 0.5 * size / total
             share /= share.sum()
-        power = share @ (xs.real**2 + xs.imag**2)
+        power = share @ self._x_pow[lo:hi]
         gain = self.step * rate / (power + 1e-2 * float(power.mean()) + 1.0)  # quiet bins
         bg += share[:, None] * (np.conj(xs) * (e * gain)[None, :])
+        live = self._bg_live
+        self._bg_live = (min(live[0], lo), max(live[1], hi)) if live[0] < live[1] else (lo, hi)
         # the gradient constraint (the filter is N taps per partition, not 2N), applied to
         # one partition per block in turn (Speex's "AUMDF"): cheap, and stable. In turn
         # over the partitions that adapt (the others are zero): over the whole tail, each
@@ -418,6 +449,7 @@ class EchoCanceller:
             or self._avg2 * abs(self._avg2) > 0.25 * self._var2
         ):
             self._fg[:] = self._bg
+            self._fg_live = self._bg_live
             self.copies += 1
             self._avg1 = self._avg2 = self._var1 = self._var2 = 0.0
             return False
@@ -427,6 +459,7 @@ class EchoCanceller:
             or -self._avg2 * abs(self._avg2) > 4.0 * self._var2
         ):
             self._bg[:] = self._fg
+            self._bg_live = self._fg_live
             self.resets += 1
             self._avg1 = self._avg2 = self._var1 = self._var2 = 0.0
             return True
