@@ -167,6 +167,7 @@ def bridge_turn_stages(data: Path, max_silence_ms: float) -> dict[str, Any]:
     store = CallRecords(data / "calls.sqlite", readonly=True)
     try:
         stages: dict[str, list[float]] = {name: [] for name in STAGES}
+        waited_texts: dict[str, int] = {}
         for row in store.list(limit=100_000):
             call = store.show(str(row["call_id"]))
             for turn in call["turns"] if call else []:
@@ -176,6 +177,9 @@ def bridge_turn_stages(data: Path, max_silence_ms: float) -> dict[str, Any]:
                 for name in STAGES:
                     if name in t:
                         stages[name].append(float(t[name]))
+                if float(t["end_of_turn"]) >= max_silence_ms - 25:
+                    text = str(turn.get("caller_text") or "")
+                    waited_texts[text] = waited_texts.get(text, 0) + 1
     finally:
         store.close()
     eot = stages["end_of_turn"]
@@ -187,6 +191,9 @@ def bridge_turn_stages(data: Path, max_silence_ms: float) -> dict[str, Any]:
         },
         "max_silence_ms": max_silence_ms,
         "waited_out_pct": round(100 * waited / len(eot), 1) if eot else None,
+        # what the callers had said in the turns that waited (the bridge's transcript):
+        # which utterances smart-turn and the dialogue left unsure
+        "waited_out_heard": dict(sorted(waited_texts.items(), key=lambda kv: (-kv[1], kv[0]))[:12]),
     }
 
 
