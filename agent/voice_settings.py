@@ -41,3 +41,4 @@ class ModelSettings:
     workers: int = 2  # model jobs (ASR segments, TTS sentences) running at once
     batch_vad: bool = True  # one VAD inference per tick for all calls
     phrase_cache_mb: int = 32  # rendered speech kept for reuse (agent.voice.phrase_cache); 0: off
+    nice: int = 10  # model threads this much nicer than the media loop's: its frames go first

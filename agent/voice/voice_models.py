@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from functools import partial
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 from numpy.typing import NDArray
@@ -48,7 +48,46 @@ log = logging.getLogger(__name__)
 # hears the answer begin after the time to synthesise ~1 s of speech, not a whole sentence.
 FIRST_WORDS = 6
 LINE_RATE = 8000  # what the voice agent hears and says (the bridge's G.711 rate)
-WARM_NICE = 10  # the phrase-warming thread's niceness: calls' model runs go first
+WARM_NICE = 10  # the phrase-warming thread's niceness above the models': calls' runs go first
+
+T = TypeVar("T")
+
+
+def renice(steps: int) -> None:
+    """Make the calling thread ``steps`` nicer than it is (than the thread that started it:
+    a thread inherits its creator's niceness), at most 19. Linux, where a thread is a task;
+    raising it needs no privilege. Elsewhere the thread keeps its priority."""
+    if steps > 0:
+        with contextlib.suppress(AttributeError, OSError):
+            tid = threading.get_native_id()
+            os.setpriority(
+                os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps)
+            )
+
+
+def made_at_niceness(nice: int, make: Callable[[], T]) -> T:
+    """``make()`` run in a thread ``nice`` steps nicer, for what it starts: ONNX Runtime's
+    session threads are started with the session and inherit their creator's niceness.
+    Why: the media loop sends every call's frames each 20 ms tick; model runs (ASR,
+    smart-turn, TTS) on the same two cores made 1-2 % of them late at 16 callers."""
+    if nice <= 0:
+        return make()
+    made: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        renice(nice)
+        try:
+            made.append(make())
+        except BaseException as exc:  # raised again in the caller's thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name="voice-model-loader")
+    thread.start()
+    thread.join()
+    if failed:
+        raise failed[0]
+    return made[0]
 
 
 class VoiceModels:
@@ -70,11 +109,20 @@ class VoiceModels:
         s = self.settings = settings or ModelSettings()
         t0 = time.monotonic()
         device = cast(Device, s.device)
-        self.vad = vad or SileroVad(threads=1, device=device)
-        self.turn = turn or SmartTurn(threads=s.threads)
-        self.asr = asr or MoonshineAsr(threads=s.threads, device=device)
-        self.tts = tts or PiperTts(threads=s.threads, length_scale=length_scale, device=device)
-        self.executor = ThreadPoolExecutor(s.workers, thread_name_prefix="voice-model")
+        self.vad = vad or SileroVad(threads=1, device=device)  # runs on the media loop
+        # the models whose runs go to the workers are made at the models' niceness: their
+        # sessions' own threads, started with them, inherit it (as the workers get it)
+        self.turn, self.asr, self.tts = made_at_niceness(
+            s.nice,
+            lambda: (
+                turn or SmartTurn(threads=s.threads),
+                asr or MoonshineAsr(threads=s.threads, device=device),
+                tts or PiperTts(threads=s.threads, length_scale=length_scale, device=device),
+            ),
+        )
+        self.executor = ThreadPoolExecutor(
+            s.workers, thread_name_prefix="voice-model", initializer=partial(renice, s.nice)
+        )
         self.phrases = phrases or PhraseCache(s.phrase_cache_mb << 20)
         self._voice = (self.tts.voice_name, self.tts.length_scale)
         self._warm_queue: list[str] = []
@@ -165,8 +213,7 @@ class VoiceModels:
                 self._warmer.start()
 
     def _warm(self) -> None:
-        with contextlib.suppress(AttributeError, OSError):  # Linux: a thread is a task
-            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), WARM_NICE)
+        renice(self.settings.nice + WARM_NICE)
         t0, done = time.monotonic(), 0
         while not self._closed.is_set():
             with self._warm_lock:

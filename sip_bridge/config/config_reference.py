@@ -91,6 +91,10 @@ MEANINGS: dict[str, str] = {
     "models.phrase_cache_mb": (
         "MB of rendered speech kept: the profiles' fixed phrases, rendered once; 0 = off"
     ),
+    "models.nice": (
+        "how much nicer the model threads run than the media loop (0..19), so that a burst of "
+        "model runs never makes calls' frames late; 0 = the same priority"
+    ),
     "inbound.rate_per_s": "INVITEs per second per source (not a trunk's); 0 = no limit",
     "inbound.burst": "INVITEs a source may send at once",
     "inbound.silence_after": "refusals in a row (401/403/503) after which a source's datagrams "

@@ -158,6 +158,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "workers": (int,),
         "batch_vad": (bool,),
         "phrase_cache_mb": (int,),
+        "nice": (int,),
     },
     "agent.echo": {"delay_s": (int, float)},
     "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
@@ -426,6 +427,8 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     if not 0 <= models.phrase_cache_mb <= 4096:
         line = _line_of(text, "models", "phrase_cache_mb")
         raise ConfigError(p, line, "models.phrase_cache_mb", "must be 0..4096")
+    if not 0 <= models.nice <= 19:
+        raise ConfigError(p, _line_of(text, "models", "nice"), "models.nice", "must be 0..19")
     if models.dir and not Path(models.dir).is_absolute():
         models = replace(models, dir=str(Path(p).resolve().parent / models.dir))
     log_cfg = LogConfig(**data.get("log", {}))
