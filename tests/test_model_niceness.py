@@ -50,6 +50,22 @@ def test_the_workers_run_jobs_at_the_models_niceness() -> None:
         assert seen == {min(19, base + 5)}
     finally:
         models.close()
+    # a worker started by a thread that is itself niced runs at the models' niceness too
+    # (from the thread that made the models, not from its starter's)
+    models = VoiceModels(ModelSettings(workers=1, nice=5), vad=stub, turn=stub, asr=stub, tts=stub)
+    try:
+        got: list[int] = []
+
+        def submit_from_a_niced_thread() -> None:
+            renice(3)
+            got.append(models.executor.submit(_niceness).result(timeout=10))
+
+        starter = threading.Thread(target=submit_from_a_niced_thread)
+        starter.start()
+        starter.join()
+        assert got == [min(19, base + 5)]
+    finally:
+        models.close()
     plain = VoiceModels(ModelSettings(workers=1, nice=0), vad=stub, turn=stub, asr=stub, tts=stub)
     try:
         assert plain.executor.submit(_niceness).result(timeout=10) == base

@@ -53,16 +53,22 @@ WARM_NICE = 10  # the phrase-warming thread's niceness above the models': calls'
 T = TypeVar("T")
 
 
-def renice(steps: int) -> None:
-    """Make the calling thread ``steps`` nicer than it is (than the thread that started it:
-    a thread inherits its creator's niceness), at most 19. Linux, where a thread is a task;
-    raising it needs no privilege. Elsewhere the thread keeps its priority."""
+def thread_niceness() -> int:
+    """The calling thread's niceness (0 where threads have none of their own)."""
+    with contextlib.suppress(AttributeError, OSError):
+        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    return 0
+
+
+def renice(steps: int, *, base: int | None = None) -> None:
+    """Make the calling thread ``steps`` nicer than ``base`` (default: than it is now, that
+    is than the thread that started it, whose niceness it inherits), at most 19. Linux,
+    where a thread is a task; raising it needs no privilege. Elsewhere the thread keeps its
+    priority."""
     if steps > 0:
+        target = min(19, (thread_niceness() if base is None else base) + steps)
         with contextlib.suppress(AttributeError, OSError):
-            tid = threading.get_native_id()
-            os.setpriority(
-                os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + steps)
-            )
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), target)
 
 
 def made_at_niceness(nice: int, make: Callable[[], T]) -> T:
@@ -120,8 +126,13 @@ class VoiceModels:
                 tts or PiperTts(threads=s.threads, length_scale=length_scale, device=device),
             ),
         )
+        # the workers (started by whichever thread submits first) and the phrase warmer
+        # are niced from the niceness of the thread that made the models, not their starter's
+        self._nice_base = thread_niceness()
         self.executor = ThreadPoolExecutor(
-            s.workers, thread_name_prefix="voice-model", initializer=partial(renice, s.nice)
+            s.workers,
+            thread_name_prefix="voice-model",
+            initializer=partial(renice, s.nice, base=self._nice_base),
         )
         self.phrases = phrases or PhraseCache(s.phrase_cache_mb << 20)
         self._voice = (self.tts.voice_name, self.tts.length_scale)
@@ -213,7 +224,7 @@ class VoiceModels:
                 self._warmer.start()
 
     def _warm(self) -> None:
-        renice(self.settings.nice + WARM_NICE)
+        renice(self.settings.nice + WARM_NICE, base=self._nice_base)
         t0, done = time.monotonic(), 0
         while not self._closed.is_set():
             with self._warm_lock:
