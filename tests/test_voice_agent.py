@@ -40,7 +40,6 @@ from agent.base import (
 from agent.dialogue.profile import Filler
 from agent.dialogue.profile_loader import load_profile
 from agent.dialogue.sentences import split_sentences
-from agent.ticks import FRAME_MS
 from agent.voice.voice_agent import VoiceAgent, VoiceSettings
 from agent.voice.voice_models import FIRST_WORDS
 from sip_bridge.media.call_media import CallMedia, MediaParams
@@ -648,7 +647,7 @@ async def test_an_empty_transcript_gets_no_reply_then_goodbye_hangs_up_after_the
         # window from the reply's start, plus the time speech takes to be confirmed): this
         # goodbye (0.4 s of the fake's audio) is shorter than that
         window = voice_module.MERGE_TICKS + -(
-            -(c.agent.settings.barge_in_ms + voice_module.MERGE_CONFIRM_MS) // FRAME_MS
+            -(c.agent.settings.barge_in_ms + voice_module.MERGE_CONFIRM_MS) // voice_module.FRAME_MS
         )
         assert written_at + _ticks(split_sentences(BYE)) < written_at + window
         ((hung, why),) = c.out.of("hangup")
