@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 import numpy as np
-from test_voice_agent import BARGE_TICKS, HOURS, OUR_RMS, Call, aio
+from test_voice_agent import HOURS, Call, aio
 
 from agent.dialogue.sentences import split_sentences
 from agent.voice.speculation import Speculation
@@ -151,26 +151,13 @@ async def test_words_the_dialogue_cannot_use_yet_keep_the_wait() -> None:
 
 
 @aio
-async def test_a_goodbye_understood_in_the_pause_hangs_up_only_after_the_merge_window() -> None:
-    """ "No thanks, goodbye." is answered after UNDERSTOOD_PAUSE_MS like any reply a rule
-    understood (it used to wait out max_silence_ms: smart-turn scores it unfinished), but
-    the hang-up waits until the caller can no longer be going on; a caller who goes on in
-    that window ("That's all. [pause] Goodbye.") merges the turns, and no hang-up is made."""
+async def test_a_goodbye_waits_for_the_end_of_turn_as_before() -> None:
+    """A reply that ends the call is not given early: the caller may say more, and a
+    hang-up cannot be taken back."""
     async with Call() as c:
-        await _spoke_and_paused(c, "no thanks goodbye")
-        await c.tick(16)  # 400 ms of pause
-        turn = c.agent.turns[-1]
-        assert (turn.reason, turn.text) == ("understood", "no thanks goodbye")
-        await c.tick(25)  # the goodbye (0.4 s of the fake's audio) has played: no hang-up yet
-        assert not c.agent.playout.playing and c.models.spoken[-1].endswith("Goodbye!")
-        assert c.out.of("hangup") == []
-        c.vad(True, True)  # the caller goes on, within a second of the reply's start
-        await c.tick(BARGE_TICKS, OUR_RMS)
-        assert c.agent.merges == 1 and c.agent.turns == []
-        await c.tick(100)
-        assert c.out.of("hangup") == []
-    async with Call() as c:  # they had finished: the hang-up, once the window has passed
-        await _spoke_and_paused(c, "no thanks goodbye")
-        await c.tick(16)
-        await c.drain()
-        assert [why for _, why in c.out.of("hangup")] == ["intent"]
+        spec = await _spoke_and_paused(c, "no thanks goodbye")
+        await c.tick(30)
+        assert not c.agent.turns and spec.engine.ended and not spec.engine.last_missed
+        c.models.eot.fire = "timeout"
+        await c.tick()
+        assert c.agent.turns[-1].reason == "timeout"

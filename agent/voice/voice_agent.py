@@ -79,9 +79,6 @@ LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length lim
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
 UNDERSTOOD_PAUSE_MS = 400  # a pause this long ends a turn the prepared reply understood
 MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
-# after that window, how long speech takes to count as the caller's (VAD confirmation, on
-# top of barge_in_ms): a goodbye answered in a pause hangs up only once both have passed
-MERGE_CONFIRM_MS = 300
 # A reply to words the dialogue did not understand (a fallback, a slot's retry) waits until
 # the caller has been quiet this long: not understood often means not finished ("Hi, I'd
 # like to ask about [pause] my order"), and "Sorry, I didn't catch that" in a pause is
@@ -659,11 +656,9 @@ class VoiceAgent(Agent):
         order number), and those turns waited the whole 900 ms. Words the dialogue cannot
         use yet ("Hi, I would like to ask about", three digits of five) keep the wait; a
         caller who goes on within a second of the reply is merged as after any pause. A
-        reply that ends the call (a goodbye) ends it here too, but hangs up only once that
-        second (and the time to confirm speech) has passed (:meth:`_wait_merge_window`):
-        callers often say more ("That's all. [pause] Goodbye."), and a hang-up cannot be
-        taken back. Before, such turns waited out max_silence_ms: at 16 callers, 20 of the
-        35 turns that waited the whole 900 ms were "No thanks, goodbye."."""
+        reply that ends the call (a goodbye) waits for smart-turn or max_silence_ms as
+        before: callers often say more ("That's all. [pause] Goodbye."), and a hang-up
+        cannot be taken back (tests/test_turn_merge.py lost that goodbye in a full run)."""
         spec = self._spec
         return (
             spec is not None
@@ -672,6 +667,7 @@ class VoiceAgent(Agent):
             and bool(spec.text)
             and spec.engine.last_by_rules
             and not spec.engine.last_missed
+            and not spec.engine.ended
         )
 
     def _drop_speculation(self) -> None:
@@ -787,8 +783,6 @@ class VoiceAgent(Agent):
                     first = None
                 else:
                     await self._wait_drained(gen)
-                    if isinstance(part, Hangup):
-                        await self._wait_merge_window(gen, timing)
                     if gen == self._gen:
                         self._act(part)
             await self._wait_drained(gen)
@@ -904,24 +898,6 @@ class VoiceAgent(Agent):
 
         self.models.executor.submit(work)
         await done
-
-    async def _wait_merge_window(self, gen: int, timing: TurnTiming | None) -> None:
-        """A goodbye answered in a pause (its turn can still merge: :meth:`_caller_talks_over`)
-        hangs up only once the caller can no longer be going on: MERGE_TICKS after the
-        reply began, plus the time their speech takes to be confirmed. A short goodbye
-        otherwise hung up over "That's all. [pause] Goodbye." before the second half was
-        heard; words in the window merge as after any pause, and the hang-up is not made."""
-        undo = self._undo
-        if undo is None or timing is None or undo.timing is not timing or undo.reply_tick is None:
-            return
-        confirm = -(-(self.settings.barge_in_ms + MERGE_CONFIRM_MS) // FRAME_MS)
-        end = undo.reply_tick + MERGE_TICKS + confirm
-        while gen == self._gen and self._undo is undo and self._tick < end and not self._closed:
-            ticked = self._drained  # set by every tick once the reply has played out
-            if ticked is None:
-                return
-            ticked.clear()
-            await ticked.wait()
 
     async def _wait_drained(self, gen: int) -> None:
         while gen == self._gen and self.playout.playing and self._drained is not None:
