@@ -178,8 +178,12 @@ def test_keys_the_menu_ignores_then_an_order_number_typed_with_hash(config: Brid
     assert 0 < keyed[1]["timings"]["total"] < 1500, keyed[1]["timings"]  # key -> reply audio
     digits = [e["data"]["digit"] for e in call["events"] if e["kind"] == "dtmf"]
     assert digits == list("#*254321#")
+    # measured, never past 1.5 s, and it may be 0: the prompt is a cached phrase, and the
+    # entry was complete at its fifth digit, so the answer was rendering while the caller
+    # reached for '#' (their last input, where dead air counts from) and can start in the
+    # very tick after it
     assert call["stats"]["dead_air_max_ms"] is not None
-    assert 0 < call["stats"]["dead_air_max_ms"] <= 1500, call["stats"]
+    assert 0 <= call["stats"]["dead_air_max_ms"] <= 1500, call["stats"]
     # the console saw the call live, with its keypad turn and its dead air so far
     (row,) = out["live"]
     # (a reply ready at once can start within the key's own tick: 0 ms)
