@@ -233,3 +233,17 @@ def test_cut_with_a_fade_keeps_the_faded_samples_playing() -> None:
     assert np.array_equal(faded, np.rint(audio[1000:1800] * gain).astype(np.int16))
     assert not p.playing and not p.play(TICK).any()
     assert p.take_heard() == ""  # the fade is no sentence: nothing more was "said"
+
+
+def test_texts_are_every_worded_sentence_until_a_reset() -> None:
+    """What the line can echo back to us: played, playing or announced, fillers too."""
+    p = ReplyPlayout()
+    p.begin_sentence("Thanks for calling.")
+    p.write(_const(320))
+    p.write_aside(_const(160))  # a tone says nothing
+    p.write_aside(_const(320), "One moment.")
+    p.begin_sentence("Goodbye.")  # announced, its audio not here yet
+    p.advance(320)
+    assert p.texts() == ["Thanks for calling.", "One moment.", "Goodbye."]
+    p.cut()
+    assert p.texts() == []

@@ -750,6 +750,56 @@ async def test_caller_going_on_within_a_second_of_the_reply_is_one_turn() -> Non
 
 
 @aio
+async def test_speech_over_the_replys_start_after_merges_in_a_row_is_heard_out() -> None:
+    """Our echo taken for the caller going on (a canceller relearning the echo's delay at
+    each new talkspurt, on a loaded node): each merge starts the reply again, and its start
+    comes back again. After MAX_MERGES merges in a row the reply is held instead, and what
+    came back, transcribed, is only the reply's own words: our echo. The reply goes on."""
+    async with Call() as c:
+        await c.turn("I would like to ask about", quiet=MISS_HOLD)
+        for merged in range(1, voice_module.MAX_MERGES + 1):
+            assert c.models.spoken[-1].startswith("Sorry, I didn't catch that")
+            await c.tick(10)  # 200 ms of the apology played, then it "comes back"
+            c.vad(True, True)
+            await c.tick(BARGE_TICKS, OUR_RMS)
+            assert (c.agent.merges, c.agent.barge_ins) == (merged, 0)
+            await c.turn("sorry i", whole=f"I would like to ask about{' sorry i' * merged}",
+                         quiet=MISS_HOLD)  # fmt: skip
+        apology = c.models.spoken[-1]
+        n = len(c.out.writes)
+        await c.tick(10)
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        assert c.agent._held is not None and c.agent._held.echo_suspect  # held, not merged
+        assert c.agent.merges == voice_module.MAX_MERGES
+        c.models.asr_texts.append("Sorry, I didn't")  # the probe: our own words
+        c.vad(False, False)
+        await c.tick(5)
+        await c.until(lambda: c.agent._held is None, "the probe")
+        assert c.agent.echo_resumes == 1 and c.agent.barge_ins == 0
+        await c.drain()
+        assert len(c.out.writes) > n and c.models.spoken[-1] == apology  # it went on
+        (turn,) = _turns_reported(c)  # the turn, answered once: the merges never were
+        assert turn.agent_text.startswith("Sorry, I didn't catch that") and not turn.barged_in
+    async with Call() as c:  # the caller's own words over the held reply: a barge-in
+        await c.turn("I would like to ask about", quiet=MISS_HOLD)
+        for merged in range(1, voice_module.MAX_MERGES + 1):
+            await c.tick(10)
+            c.vad(True, True)
+            await c.tick(BARGE_TICKS, OUR_RMS)
+            await c.turn("um", whole=f"I would like to ask about{' um' * merged}",
+                         quiet=MISS_HOLD)  # fmt: skip
+        await c.tick(10)
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        c.models.asr_texts.extend(["my order please"] * 2)  # the probe, then the turn's
+        c.vad(False, False)
+        await c.tick(5)
+        await c.until(lambda: c.agent._held is None, "the probe")
+        assert c.agent.echo_resumes == 0 and c.agent.barge_ins == 1
+
+
+@aio
 async def test_a_reply_to_words_not_understood_waits_for_a_longer_pause() -> None:
     """Not understood often means not finished: the apology waits until the caller has
     been quiet MISS_HOLD_TICKS (no filler meanwhile); if they go on, nothing was said and

@@ -63,6 +63,11 @@ class ReplyPlayout:
     def begin_sentence(self, text: str) -> None:
         self._sentences.append(_Sentence(text, self.written, self.written))
 
+    def texts(self) -> list[str]:
+        """The text of every sentence on the timeline since the last reset (fillers too):
+        what the line can be sending back to us as echo."""
+        return [s.text for s in self._sentences if s.text]
+
     def write(self, pcm: NDArray[np.int16]) -> None:
         if not pcm.size:
             return

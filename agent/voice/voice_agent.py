@@ -79,6 +79,12 @@ LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length lim
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
 UNDERSTOOD_PAUSE_MS = 400  # a pause this long ends a turn the prepared reply understood
 MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
+# Merges in a row (no turn reported between them) before speech over the reply's start is
+# held and heard out instead: a reply that starts again after each merge starts a new echo
+# each time, and where the line echo was taken for the caller (a canceller relearning the
+# echo's delay at each new talkspurt, a loaded node) that looped without end: "Thanks for
+# call-" ten times over and no turn recorded (bench/conversations.py, 4 benches on 2 cores)
+MAX_MERGES = 2
 # A reply to words the dialogue did not understand (a fallback, a slot's retry) waits until
 # the caller has been quiet this long: not understood often means not finished ("Hi, I'd
 # like to ask about [pause] my order"), and "Sorry, I didn't catch that" in a pause is
@@ -168,6 +174,7 @@ class _Held:
     probe: Future[str] | None = None  # what they said, asked at their latest pause
     audio: list[NDArray[np.int16]] = field(default_factory=list)  # their words (16 kHz)
     since: float = field(default_factory=time.monotonic)  # when the reply was held
+    echo_suspect: bool = False  # held after MAX_MERGES merges: it may be our own echo
     asked: float = 0.0  # when the latest probe was queued, and when it ran (monotonic)
     ran: float = 0.0
 
@@ -210,6 +217,8 @@ class VoiceAgent(Agent):
         # but it stopped when it was held
         self.cut_at: list[float] = []
         self.merges = 0  # turns taken back: the caller went on after a pause
+        self._merged = 0  # merges since the last turn reported (MAX_MERGES)
+        self.echo_resumes = 0  # held replies that went on: only our own words came back
         self.backchannels = 0  # "uh-huh"s heard over a reply that then went on
         self.events: list[AgentEvent] = []
         self._out: AgentOutput | None = None
@@ -468,8 +477,14 @@ class VoiceAgent(Agent):
             else:
                 self._barge_in()
             return
+        if self._merged >= MAX_MERGES and undo.reply_tick is not None and onset >= undo.reply_tick:
+            # speech came back over the reply's start MAX_MERGES times in a row: heard out
+            # before it is taken for the caller going on (our echo? see MAX_MERGES)
+            self._hold(echo_suspect=True)
+            return
         self._undo = None
         self.merges += 1
+        self._merged += 1
         self._stop_reply()
         if undo.timing in self.turns:
             self.turns.remove(undo.timing)
@@ -507,10 +522,10 @@ class VoiceAgent(Agent):
 
     # -- backchannels: hold the reply, then go on or give the floor --------------------------
 
-    def _hold(self) -> None:
+    def _hold(self, *, echo_suspect: bool = False) -> None:
         """Speech over the reply that may be a backchannel: fade out as for a barge-in and
         listen, but keep the reply (and its synthesis going) to go on with."""
-        self._held = _Held(self._turn)
+        self._held = _Held(self._turn, echo_suspect=echo_suspect)
         self.gate.forget_recent()
         if self._out is not None:
             self._out.fade_out(FADE_MS)
@@ -563,7 +578,10 @@ class VoiceAgent(Agent):
             1000 * (now - held.ran),
         )
         known = self.profile.barge_in.backchannels
-        if not unheard_words and is_backchannel(text, known):
+        if held.echo_suspect and self._our_own_words(text):
+            self.echo_resumes += 1
+            self._resume(text, "only our own words: line echo")
+        elif not unheard_words and is_backchannel(text, known):
             self._resume(text)
         elif known and short and not takes_floor(text) and not self._understood(text):
             # a hum the ASR made words of ("mm-hmm" as "A minimum."): giving the reply up
@@ -573,6 +591,16 @@ class VoiceAgent(Agent):
             shown = sensitive_text(text) if self.sensitive else text  # a PIN said over the
             log.debug("over a held reply: %r, not a backchannel", shown)  # prompt for it
             self._commit_hold()
+
+    def _our_own_words(self, text: str) -> bool:
+        """Every word of ``text`` is in what this reply has played or queued (fillers
+        included), and it is more than one word asking for the floor ("No." over "...yes
+        or no?" is the caller's). Asked only after MAX_MERGES merges in a row: a caller who
+        answers a menu with its own words ("opening hours") is otherwise heard as usual."""
+        ours = {w for t in self.playout.texts() for w in normalize(t)}
+        words = normalize(text)
+        mine = bool(words) and all(w in ours for w in words)
+        return mine and (len(words) > 1 or not takes_floor(text))
 
     def _understood(self, text: str) -> bool:
         return self.engine is None or self.engine.understands(text)
@@ -909,6 +937,7 @@ class VoiceAgent(Agent):
         if timing.reported or self._out is None:
             return
         timing.reported = True
+        self._merged = 0
         self._out.emit(
             TurnCompleted(
                 timing.caller_text, " ".join(timing.heard), timing.stages_ms(), timing.barged_in,
