@@ -772,7 +772,7 @@ async def test_speech_over_the_replys_start_after_merges_in_a_row_is_heard_out()
         await c.tick(BARGE_TICKS, OUR_RMS)
         assert c.agent._held is not None and c.agent._held.echo_suspect  # held, not merged
         assert c.agent.merges == voice_module.MAX_MERGES
-        c.models.asr_texts.append("Sorry, I didn't")  # the probe: our own words
+        c.models.asr_texts.append("Sorry, I did")  # the probe: our own words, cut short
         c.vad(False, False)
         await c.tick(5)
         await c.until(lambda: c.agent._held is None, "the probe")

@@ -594,13 +594,17 @@ class VoiceAgent(Agent):
 
     def _our_own_words(self, text: str) -> bool:
         """Every word of ``text`` is in what this reply has played or queued (fillers
-        included), and it is more than one word asking for the floor ("No." over "...yes
-        or no?" is the caller's). Asked only after MAX_MERGES merges in a row: a caller who
-        answers a menu with its own words ("opening hours") is otherwise heard as usual."""
+        included; the last may be cut short), and it is more than one word asking for the
+        floor ("No." over "...yes or no?" is the caller's). Asked only after MAX_MERGES
+        merges in a row: a caller who answers a menu with its own words ("opening hours")
+        is otherwise heard as usual."""
         ours = {w for t in self.playout.texts() for w in normalize(t)}
         words = normalize(text)
-        mine = bool(words) and all(w in ours for w in words)
-        return mine and (len(words) > 1 or not takes_floor(text))
+        if not words or not all(w in ours for w in words[:-1]):
+            return False
+        last = words[-1]  # the echo ends where we faded: "Thanks for call-"
+        cut = len(last) >= 2 and any(w.startswith(last) for w in ours)
+        return (last in ours or cut) and (len(words) > 1 or not takes_floor(text))
 
     def _understood(self, text: str) -> bool:
         return self.engine is None or self.engine.understands(text)
