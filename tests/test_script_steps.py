@@ -217,14 +217,17 @@ def test_a_backchannel_must_not_stop_the_agent(tmp_path: Path) -> None:
     assert sim.statuses() == ["PASS", "FAIL"] and "stopped after" in sim.detail(2)
     # a backchannel's hold: the answer pauses 0.7 s and goes on (a pause, not a stop);
     # 1.2 s of silence is a stop
+    # and the summary (the bench's false barge-ins, the printed reactions) says the same
     held = [(0.2, 2.25, "a long answer"), (2.95, 8.0, "the rest of it")]
     sim = Sim(text, Call(held, say_s=0.4), tmp_path)
-    sim.run()
+    (over,) = sim.run().talk_overs
     assert sim.statuses() == ["PASS", "PASS"] and sim.detail(2) == "the agent kept talking"
+    assert over.barge_in is False and not over.reaction.stopped
     gone = [(0.2, 2.25, "a long answer"), (3.45, 8.0, "the rest of it")]
     sim = Sim(text, Call(gone, say_s=0.4), tmp_path)
-    sim.run()
+    (over,) = sim.run().talk_overs
     assert sim.statuses() == ["PASS", "FAIL"] and "stopped after" in sim.detail(2)
+    assert over.reaction.stopped
 
 
 def test_barge_in_needs_the_agent_talking(tmp_path: Path) -> None:

@@ -198,7 +198,9 @@ class ScriptPlayer:
             key = isinstance(act, Dtmf)
             onset, over = (t.start, t.done) if key else (t.onset, t.end)
             if onset is not None and over is not None:
-                r = barge_in_reaction(self.heard, onset, over, math.inf)
+                # judged as the step was: a backchannel's hold is a pause, not a stop
+                pause = HOLD_PAUSE_S if act.barge_in is False else STOP_SILENCE_S
+                r = barge_in_reaction(self.heard, onset, over, math.inf, stop_silence_s=pause)
                 if r is not None and r.talking:
                     summary.talk_overs.append(TalkOver(act.index, key, act.barge_in, r))
         return summary
