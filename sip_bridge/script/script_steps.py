@@ -69,6 +69,13 @@ HOLD_PAUSE_S = 1.0  # barge_in = false: a silence this long is a stop (a hold is
 _TRANSCRIPT_GRACE_S = 10.0  # after a timeout, how long the last transcripts may take
 
 
+def _stop_silence(barge_in: bool | None) -> float:
+    """How long the agent's silence after the caller began must be to count as a stop. A
+    step that must not stop it: a backchannel's hold (the reply fades while the caller says
+    "uh-huh", and goes on at their pause: 0.4-0.7 s) is a pause, not a stop."""
+    return HOLD_PAUSE_S if barge_in is False else STOP_SILENCE_S
+
+
 @dataclass
 class _CallerAction:
     step: Speak | Dtmf
@@ -198,8 +205,7 @@ class ScriptPlayer:
             key = isinstance(act, Dtmf)
             onset, over = (t.start, t.done) if key else (t.onset, t.end)
             if onset is not None and over is not None:
-                # judged as the step was: a backchannel's hold is a pause, not a stop
-                pause = HOLD_PAUSE_S if act.barge_in is False else STOP_SILENCE_S
+                pause = _stop_silence(act.barge_in)  # judged as its step was
                 r = barge_in_reaction(self.heard, onset, over, math.inf, stop_silence_s=pause)
                 if r is not None and r.talking:
                     summary.talk_overs.append(TalkOver(act.index, key, act.barge_in, r))
@@ -314,9 +320,7 @@ class ScriptPlayer:
         onset, end = (t.start, t.done) if isinstance(step, Dtmf) else (t.onset, t.end)
         if onset is None or end is None:
             return False, "nothing audible was sent"
-        # must not stop: a backchannel's hold (the reply fades while the caller says
-        # "uh-huh", and goes on at their pause: 0.4-0.7 s) is a pause, not a stop
-        silence = STOP_SILENCE_S if step.barge_in else HOLD_PAUSE_S
+        silence = _stop_silence(step.barge_in)
         r = barge_in_reaction(self.heard, onset, end, now, stop_silence_s=silence)
         if r is None:
             return None
