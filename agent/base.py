@@ -190,9 +190,11 @@ class TurnCompleted:
 @dataclass(frozen=True, slots=True)
 class DeadAir:
     """From the agent: the caller waited ``gap_ms`` in silence for us (one gap of dead
-    air, as :mod:`agent.voice.dead_air` defines it), for records, metrics and the console."""
+    air, as :mod:`agent.voice.dead_air` defines it), for records, metrics and the console.
+    ``None``: the agent measures this call's dead air and has seen no gap yet (sent when it
+    starts), so a call whose every wait was answered at once reads 0 ms, not "not measured"."""
 
-    gap_ms: float
+    gap_ms: float | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
-from agent.base import HangupEvent
+from agent.base import DeadAir, HangupEvent
 from agent.voice.voice_agent import VoiceSettings
 from sip_bridge.script.script_voice import espeak_ng
 from testkit.barge_in_sim import REPLIES, Line, Sim, beckett, models, onset_sample
@@ -210,7 +210,8 @@ async def test_a_backchannel_does_not_stop_the_greeting_and_is_no_turn(word: str
     agent = sim.agent
     # a pause inside "uh-huh" may let the reply go on between its halves: each is one
     assert agent.backchannels >= 1 and agent.barge_ins == 0 and agent.turns == []
-    assert [e for e in sim.out.events if not isinstance(e, HangupEvent)] == []
+    # no turn, no gap of dead air: nothing but the call measured from its start
+    assert [e for e in sim.out.events if not isinstance(e, HangupEvent)] == [DeadAir(None)]
     played = sim.out.queue.popped_samples
     assert played >= greeting  # all of it went out (the word it paused in, twice)
     assert agent.engine is not None and len(agent.engine.transcript) == 1  # the greeting

@@ -52,6 +52,31 @@ def test_keypad_turns_and_dead_air_reach_records_events_and_metrics(tmp_path: Pa
     records.close()
 
 
+def test_a_measured_call_whose_waits_were_all_answered_at_once_reads_zero(
+    tmp_path: Path,
+) -> None:
+    """The agent says at the start that it measures dead air: a call with no gap in it is
+    0 ms in the console and the record (not "not measured"), and no gap is observed."""
+    records = CallRecords(tmp_path / "calls.sqlite")
+    t = CallTelemetry("n1", records=records, metrics=BridgeMetrics())
+    facts = CallFacts("c-1", "sip:alice@x", "sip:support@y", None, None, "voice", "1.2.3.4:5")
+    t.offered(facts)
+    t.answered(facts, "PCMU", "1.2.3.4:4000", "voice")
+    t.dead_air_gap("c-1", DeadAir(None))
+    tally = t.dead_air["c-1"]
+    assert (tally.gaps, tally.longest_ms, tally.total_ms) == (0, 0.0, 0.0)
+    t.ended(facts, "answered", "caller hung up")
+    rec = records.show("c-1")
+    assert rec is not None
+    assert (rec["stats"]["dead_air_max_ms"], rec["stats"]["dead_air_total_ms"]) == (0.0, 0.0)
+    assert t.metrics is not None
+    get = t.metrics.registry.get_sample_value
+    assert get("sipbridge_dead_air_gap_seconds_count") == 0  # no gap observed
+    assert get("sipbridge_call_dead_air_longest_seconds_count") == 1  # a call that measured 0
+    assert get("sipbridge_call_dead_air_longest_seconds_sum") == 0
+    records.close()
+
+
 def test_the_profile_that_answered_reaches_the_record_and_the_events(tmp_path: Path) -> None:
     """History, /api/history and MQTT name the voice agent's profile, not only "voice"."""
     from agent.dialogue.profile_loader import load_profile

@@ -218,6 +218,7 @@ class FakeOutput(AgentOutput):
         self.log: list[tuple[int, str, Any]] = []
         self.after_stop: list[str] = []
         self.dead_air: list[tuple[int, float]] = []  # (tick, gap ms): kept apart from emits
+        self.dead_air_from: int | None = None  # the tick the agent began to measure it
 
     def _note(self, what: str, arg: Any) -> None:
         self.log.append((self.tick, what, arg))
@@ -236,7 +237,10 @@ class FakeOutput(AgentOutput):
 
     def emit(self, event: AgentEvent) -> None:
         if isinstance(event, DeadAir):
-            self.dead_air.append((self.tick, event.gap_ms))
+            if event.gap_ms is None:  # measured from here: no gap yet
+                self.dead_air_from = self.tick
+            else:
+                self.dead_air.append((self.tick, event.gap_ms))
             return
         self._note("emit", event)
 

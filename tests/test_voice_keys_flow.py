@@ -197,6 +197,7 @@ async def test_ringback_follows_the_transfer_reply_until_the_outcome() -> None:
         assert _rms(ring[2 * 8000 + FRAME : 2 * 8000 + 40 * FRAME]) == 0  # the cadence's off time
         # no dead air between the reply and the ringback, nor in the cadence
         assert all(ms <= 60 for _, ms in c.out.dead_air), c.out.dead_air
+        assert c.out.dead_air_from == 0  # measured from the answer, gaps or none
         # the target is busy: ringback stops, the apology plays, then nothing more
         n = len(c.out.writes)
         c.agent.on_event(TransferResult(request.target, "failed", 486))

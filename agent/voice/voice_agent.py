@@ -286,6 +286,7 @@ class VoiceAgent(Agent):
         self.guard.bind(self._loop, self._on_fault)
         self.engine = self._engine_factory(self.profile, call)
         self.flow.start(time.monotonic())
+        output.emit(DeadAir(None))  # measured from the answer: no gap yet reads 0 ms
         self.flow.prepare_phrase(self.models.executor, self.models.synthesize, self.models)
         self._spawn(self._play_parts(_aiter(self.engine.greeting()), None))
 

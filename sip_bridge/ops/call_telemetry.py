@@ -238,8 +238,12 @@ class CallTelemetry:
                                              t.barged_in, input=t.input, keys=t.keys))  # fmt: skip
 
     def dead_air_gap(self, call_id: str, gap: DeadAir) -> None:
-        """The caller waited ``gap.gap_ms`` in silence (one gap): the call's tally, metrics."""
-        self.dead_air.setdefault(call_id, DeadAirTally()).add(gap.gap_ms)
+        """The caller waited ``gap.gap_ms`` in silence (one gap): the call's tally, metrics.
+        No gap (None): the call is measured from now; its tally starts at 0."""
+        tally = self.dead_air.setdefault(call_id, DeadAirTally())
+        if gap.gap_ms is None:
+            return
+        tally.add(gap.gap_ms)
         if self.metrics is not None:
             self.metrics.dead_air_gap(gap.gap_ms / 1000)
 
