@@ -362,6 +362,21 @@ def test_fallback_then_second_fallback_then_escalation() -> None:
     ]
 
 
+def test_words_the_asr_made_nothing_of_are_asked_again_as_a_miss() -> None:
+    """A sentence heard as nothing: the slot being asked gets its retry, otherwise the
+    fallback; each counts toward escalation like words not understood, and once the call
+    is ending nothing is said."""
+    e = _new()
+    _turn(e, "Where is my order?")
+    assert _said(e.unheard()).startswith("Sorry, I need the five digit order number")
+    assert e.last_missed
+    _turn(e, "1 2 3 4 5")
+    assert _said(e.unheard()).startswith("Sorry, I didn't catch that")
+    assert _said(e.unheard()).startswith("Sorry, I still didn't get that. Press 1")
+    assert e.unheard() == [Say("Let me get you to someone who can help."), Transfer(AGENT_QUEUE)]
+    assert e.ended and e.unheard() == []
+
+
 def test_a_match_resets_the_miss_count() -> None:
     e = _new()
     _turn(e, "mumble")

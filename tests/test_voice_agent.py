@@ -651,6 +651,57 @@ async def test_an_empty_transcript_gets_no_reply_then_goodbye_hangs_up_after_the
         assert [w for w, _ in c.transcript] == ["agent", "caller", "agent"]
 
 
+async def _unheard_sentence(c: Call, ticks: int = 50) -> None:
+    """The caller says a sentence (``ticks`` of speech) the ASR makes nothing of: too quiet,
+    a burst of loss. Returns when the turn has been transcribed (as nothing)."""
+    c.models.asr_texts.append("")
+    c.vad(True, True)
+    await c.tick(ticks, 2000)
+    c.vad(False, False)
+    await c.tick(2)
+    c.models.eot.fire = "model"
+    await c.tick()
+    await c.until(lambda: bool(c.agent.turns) and c.agent.turns[-1].asr_done > 0)
+
+
+@aio
+async def test_a_sentence_the_asr_made_nothing_of_is_asked_again_once_the_caller_is_quiet() -> None:
+    """A whole second of speech made out as nothing was words, not a cough: the caller is
+    not left waiting in silence. Once they have been quiet MISS_HOLD ticks they hear the
+    fallback, a turn of its own in the record; before that, nothing."""
+    async with Call() as c:
+        await _unheard_sentence(c)
+        n = len(c.models.spoken)
+        await c.tick(MISS_HOLD - 10)
+        assert len(c.models.spoken) == n, "asked again before the caller was quiet 1.2 s"
+        await c.tick(12)
+        await c.until(lambda: len(c.models.spoken) > n, "the fallback's TTS")
+        assert c.models.spoken[-1].startswith("Sorry, I didn't catch that")
+        await c.drain()
+        (turn,) = _turns_reported(c)
+        assert turn.caller_text == "" and turn.agent_text.startswith("Sorry, I didn't catch")
+        assert c.agent.turns[-1].speech_ms >= 50 * 20
+
+
+@aio
+async def test_a_sentence_made_out_as_nothing_then_more_words_is_one_turn_heard_whole() -> None:
+    """The caller goes on within the hold: no apology; the turn is both parts, heard again
+    as one clip, and answered once."""
+    async with Call() as c:
+        await _unheard_sentence(c)
+        await c.tick(20)
+        n = len(c.models.spoken)
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, 2000)  # they go on: the turn is taken back
+        assert c.agent.merges == 1 and c.agent.turns == []
+        await c.turn("my order please", whole="I'd like to ask about my order please")
+        assert c.models.spoken[n:] == [ORDER_PROMPT]
+        await c.drain()
+        (turn,) = _turns_reported(c)
+        assert turn.caller_text == "I'd like to ask about my order please"
+        assert c.models.clips[-1] >= (50 + 8) * 320, c.models.clips
+
+
 @aio
 async def test_words_not_made_out_open_the_turn_the_caller_goes_on_with() -> None:
     """ "Yes," alone is too short for the ASR (nothing made out: no reply), and "go

@@ -227,6 +227,21 @@ class DialogueEngine:
         for part in parts:
             yield part
 
+    def unheard(self) -> list[ReplyPart]:
+        """The caller spoke at length and the ASR made no words of it (too quiet, a burst
+        of loss): they are asked again as for words not understood, with the slot's retry
+        or the fallback, and it counts toward escalation. Nothing once the call ends."""
+        self.last_missed = self.last_by_rules = False
+        if self.ended:
+            return []
+        if closing := self._time_up():
+            return closing
+        self.turns += 1
+        asking = self._pending is not None and self._confirming is None
+        slot = self.profile.slots[self._pending] if asking and self._pending else None
+        retry = slot.retry.render(self._vars) if slot is not None else None
+        return self._miss(retry) + self._after_turn()
+
     def understands(self, text: str) -> bool:
         """Whether :meth:`respond` would make sense of ``text`` now (an intent, an answer to
         the slot or the question asked, or anything at all when an LLM answers what no rule

@@ -97,6 +97,11 @@ PREROLL_TICKS = round(PREROLL_S / TICK_S)  # audio kept before the first speech 
 OVER_ECHO_TICKS = 3  # speech ticks above our echo that make words over a reply's end
 UNHEARD_CARRY_TICKS = 100  # a turn the ASR made nothing of opens one begun within 2 s
 UNHEARD_BACKCHANNEL_MS = 800  # speech since a hold the ASR made nothing of: a hum up to this
+# A turn with more speech than this that the ASR made nothing of was words (a quiet caller,
+# a burst of loss), not a cough: once the caller has been quiet MISS_HOLD_TICKS they are
+# asked again, as for words not understood. Before, such a turn got no reply at all, and
+# the caller waited in silence for us (15 s in the matrix's human voice at -35 dBFS).
+UNHEARD_WORDS_MS = 800
 
 
 @dataclass
@@ -119,6 +124,7 @@ class TurnTiming:
     reported: bool = False  # a TurnCompleted went out
     keys: str = ""  # a keypad turn: what the caller keyed (turn_end: its last key)
     sensitive: bool = False  # the caller answered a sensitive slot: report no text, no keys
+    speech_ms: float = 0.0  # how much of the turn the VAD took for speech
 
     @property
     def caller_text(self) -> str:
@@ -715,7 +721,8 @@ class VoiceAgent(Agent):
         # sensitive if the caller spoke while a sensitive slot was asked for, since the last
         # turn: those words may end up in this one (a pause that was not the end of a turn)
         timing = TurnTiming(speech_end=self._last_speech_t, turn_end=now, reason=reason,
-                            sensitive=self._sensitive_heard or self.sensitive)  # fmt: skip
+                            sensitive=self._sensitive_heard or self.sensitive,
+                            speech_ms=self._speech_ticks * FRAME_MS)  # fmt: skip
         self._sensitive_heard = False
         self.turns.append(timing)
         self._turn = timing
@@ -744,7 +751,11 @@ class VoiceAgent(Agent):
             if gen != self._gen:  # the caller went on talking before we answered
                 self._went_on(spec, timing)
                 return
-            if not spec.heard.is_set() or not spec.text:
+            if spec.heard.is_set() and not spec.text and timing.speech_ms > UNHEARD_WORDS_MS:
+                await asyncio.shield(spec.task)  # words we missed: asked again (below) once
+                spec.head = spec.engine.unheard()  # the caller is quiet, unless they go on
+                spec.reply_ready = time.monotonic()
+            elif not spec.heard.is_set() or not spec.text:
                 self._busy = False
                 if spec.heard.is_set():  # nothing made out ("Yes," alone, too short for the
                     # ASR): it may open what they go on to say, heard whole with it
