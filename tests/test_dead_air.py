@@ -234,3 +234,23 @@ def test_the_filler_phrase_is_made_once_and_starts_with_its_first_sound() -> Non
     assert a is b and made == ["One moment."]  # once per process (per models) and text
     assert a.size == 1600 + 2 * 80 and int(a[80]) == 3000  # 10 ms of its silences kept
     assert not a.flags.writeable  # shared by every call
+
+
+def test_the_agent_speaking_up_unasked_starts_a_new_wait() -> None:
+    """A no-input prompt after 8 s of the caller's silence: those 8 s were the caller's
+    floor, not dead air; only the prompt's own delay counts."""
+    m = DeadAirMeter(0.0)
+    t = 0.0
+    for _ in range(10):  # our last words
+        t += TICK
+        m.tick(t, audible=True, owed=True, caller=False)
+    for _ in range(400):  # the floor is the caller's: nothing owed
+        t += TICK
+        m.tick(t, audible=False, owed=False, caller=False)
+    m.agent_spoke_up(t)
+    for _ in range(5):  # the prompt is being rendered
+        t += TICK
+        assert m.tick(t, audible=False, owed=True, caller=False) is None
+    t += TICK
+    gap = m.tick(t, audible=True, owed=True, caller=False)
+    assert gap is not None and gap == pytest.approx(5 * TICK)

@@ -377,6 +377,27 @@ def test_words_the_asr_made_nothing_of_are_asked_again_as_a_miss() -> None:
     assert e.ended and e.unheard() == []
 
 
+def test_a_silent_caller_is_asked_twice_then_the_call_ends() -> None:
+    """no_input: "Are you still there?" with the question being asked (a slot's prompt);
+    a word from the caller starts the count afresh; the third silence in a row says goodbye
+    and hangs up. None of it is a turn."""
+    e = _new()
+    assert e.no_input() == [Say("Are you still there?")]
+    _turn(e, "Where is my order?")
+    (ask,) = e.no_input()
+    assert isinstance(ask, Say) and ask.text.startswith("Are you still there? What is your order")
+    assert _said(e.no_input()).startswith("Are you still there? What is your order")
+    parts = e.no_input()
+    assert isinstance(parts[-1], Hangup) and parts[-1].reason == "no input"
+    assert "hang up now" in _said(parts) and e.ended and e.turns == 1
+    assert e.no_input() == []
+    e = _new()
+    e.no_input()
+    e.no_input()
+    _keys(e, "1")  # a key is the caller too
+    assert e.no_input() == [Say("Are you still there?")] and not e.ended
+
+
 def test_a_match_resets_the_miss_count() -> None:
     e = _new()
     _turn(e, "mumble")

@@ -33,6 +33,8 @@ def test_the_demo_profiles_greeting_replies_and_closings_are_there_as_spoken() -
         "Goodbye!",
         "One moment.",
         "Sorry, I didn't catch that.",
+        "Are you still there?",  # limits.no_input_reply, and its goodbye
+        "I can't hear anything, so I'll hang up now.",
     ):
         assert said in pieces
     # a sentence with the caller's order number is rendered when said, never ahead

@@ -52,6 +52,9 @@ def test_demo_profile_loads_with_its_intents_slots_and_orders() -> None:
     assert prof.greeting.render(prof.variables).startswith("Thanks for calling Acme Support")
     assert prof.llm is None  # mode = "off" in the demo
     assert prof.limits.max_turns == 20 and prof.limits.max_call_s == 300
+    assert (prof.limits.no_input_s, prof.limits.no_input_prompts) == (8, 2)
+    assert prof.limits.no_input_reply.render(prof.variables) == "Are you still there?"
+    assert "Thanks for calling Acme" in prof.limits.no_input_goodbye.render(prof.variables)
     assert prof.fallback.escalate_after == 3
     assert prof.fallback.escalate_transfer.startswith("sip:")
     assert prof.barge_in.enabled and prof.barge_in.min_speech_ms == 250
@@ -62,6 +65,7 @@ def test_minimal_profile_gets_defaults(tmp_path: Path) -> None:
     prof = load_profile(_write(tmp_path, MINIMAL))
     assert prof.name == "agent"  # the file name
     assert prof.llm is None and prof.limits.max_turns == 0
+    assert prof.limits.no_input_s == 0  # never asks a silent caller unless told to
     assert prof.greeting.render({"caller": "Ann"}) == "Hello Ann."
     assert prof.intents[0].then.reply.render(prof.variables) == "We're open 9 to 5."
 
@@ -114,6 +118,14 @@ def test_templates_escape_braces_and_spell_digits() -> None:
         ("[limits]\nmax_turn = 3\n", 11, "limits.max_turn", "unknown key"),
         ('[limits]\nmax_turns = "3"\n', 11, "limits.max_turns", "expected int"),
         ("[limits]\nmax_call_s = -1\n", 11, "limits.max_call_s", "must be 0..86400"),
+        ("[limits]\nno_input_s = 1\n", 11, "limits.no_input_s", "must be 3..600"),
+        ("[limits]\nno_input_prompts = 11\n", 11, "limits.no_input_prompts", "must be 0..10"),
+        (
+            '[limits]\nno_input_reply = "Hello {nobody}?"\n',
+            11,
+            "limits.no_input_reply",
+            "unknown placeholder {nobody}",
+        ),
         ('[intents.x]\nreply = "hi"\n', 10, "intents.x", "can never match"),
         (
             '[intents.x]\npatterns = ["(open"]\nreply = "hi"\n',

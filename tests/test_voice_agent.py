@@ -702,6 +702,63 @@ async def test_a_sentence_made_out_as_nothing_then_more_words_is_one_turn_heard_
         assert c.models.clips[-1] >= (50 + 8) * 320, c.models.clips
 
 
+NO_INPUT = round(8 / 0.02)  # the demo's limits.no_input_s, in ticks
+
+
+@aio
+async def test_a_caller_who_says_nothing_is_asked_twice_then_the_call_ends() -> None:
+    """The greeting is over and the caller says nothing (their words lost on the line):
+    8 s later "Are you still there?", again 8 s after that, then the goodbye and a hang-up.
+    A sound of theirs starts the count afresh. No turn, and the caller's silence is not
+    the agent's dead air."""
+    async with Call() as c:
+        await c.drain()
+        n = len(c.models.spoken)
+        await c.tick(NO_INPUT - 100)
+        c.vad(True)  # a sound, too short for a turn
+        await c.tick(3, 2000)
+        c.vad(False)
+        await c.tick(NO_INPUT - 10)
+        assert len(c.models.spoken) == n, "asked before 8 s of silence"
+        await c.tick(12)
+        await c.until(lambda: len(c.models.spoken) > n, "the prompt's TTS")
+        assert c.models.spoken[n:] == ["Are you still there?"]
+        await c.drain()
+        await c.tick(NO_INPUT + 2)
+        await c.until(lambda: len(c.models.spoken) > n + 1, "the second prompt's TTS")
+        await c.drain()
+        await c.tick(NO_INPUT + 2)
+        await c.until(lambda: len(c.models.spoken) > n + 2, "the goodbye's TTS")
+        await c.drain()
+        assert c.models.spoken[n:-1] == ["Are you still there?"] * 2
+        assert c.models.spoken[-1].startswith("I can't hear anything, so I'll hang up now.")
+        assert [r for _, r in c.out.of("hangup")] == ["no input"]
+        assert _turns_reported(c) == [] and c.agent.no_input_prompts == 3
+        assert all(ms < 200 for _, ms in c.out.dead_air), c.out.dead_air
+
+
+@aio
+async def test_no_prompt_for_silence_while_the_caller_keys_an_entry() -> None:
+    """A keypad entry in progress has its own timeout: no "are you still there?" over it.
+    Once the entry is cleared, the prompt asks the slot's question again."""
+    async with Call() as c:
+        await c.drain()
+        c.agent.on_event(DtmfEvent("2"))  # order status: "What is your order number?"
+        await c.until(lambda: len(c.models.spoken) == 2, "the prompt's TTS")
+        await c.drain()
+        n = len(c.models.spoken)
+        await c.tick(NO_INPUT // 2)
+        for key in "543":  # three digits of five: the entry has its own timeout (on the
+            c.agent.on_event(DtmfEvent(key))  # engine's clock, which these ticks do not
+            await c.tick(5)  # move), and the retry when it passes
+        await c.tick(NO_INPUT + 50)
+        assert len(c.models.spoken) == n and c.agent.no_input_prompts == 0
+        c.agent.on_event(DtmfEvent("*"))  # the entry cleared: the floor is the caller's
+        await c.tick(NO_INPUT + 2)
+        await c.until(lambda: len(c.models.spoken) > n, "the prompt's TTS")
+        assert c.models.spoken[-1].startswith("Are you still there? What is your order number?")
+
+
 @aio
 async def test_words_not_made_out_open_the_turn_the_caller_goes_on_with() -> None:
     """ "Yes," alone is too short for the ASR (nothing made out: no reply), and "go

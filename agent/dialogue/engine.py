@@ -149,6 +149,7 @@ class DialogueEngine:
         self.transcript: list[tuple[str, str]] = []
         self.turns = 0
         self.misses = 0  # in a row
+        self.unanswered = 0  # times in a row the caller said nothing when asked (no_input)
         self.last_missed = False  # the last turn was not understood (a fallback, a retry)
         self.last_by_rules = False  # the last turn was answered by a rule (not the LLM)
         self.ended = False  # after a hang-up or transfer
@@ -210,6 +211,7 @@ class DialogueEngine:
     async def respond(self, text: str) -> AsyncIterator[ReplyPart]:
         """One caller turn (the ASR text)."""
         self.last_missed = self.last_by_rules = False
+        self.unanswered = 0
         if self.ended or not text.strip():
             return
         self._heard(text.strip())
@@ -232,6 +234,7 @@ class DialogueEngine:
         of loss): they are asked again as for words not understood, with the slot's retry
         or the fallback, and it counts toward escalation. Nothing once the call ends."""
         self.last_missed = self.last_by_rules = False
+        self.unanswered = 0
         if self.ended:
             return []
         if closing := self._time_up():
@@ -241,6 +244,24 @@ class DialogueEngine:
         slot = self.profile.slots[self._pending] if asking and self._pending else None
         retry = slot.retry.render(self._vars) if slot is not None else None
         return self._miss(retry) + self._after_turn()
+
+    def no_input(self) -> list[ReplyPart]:
+        """The caller has said nothing for ``limits.no_input_s`` since the floor became
+        theirs: "Are you still there?" and the question being asked (a slot's prompt), up to
+        ``no_input_prompts`` times in a row; then the goodbye and a hang-up. Not a turn."""
+        lim = self.profile.limits
+        if self.ended:
+            return []
+        if closing := self._time_up():
+            return closing
+        self.unanswered += 1
+        if self.unanswered > lim.no_input_prompts:
+            self.ended = True
+            return [Say(lim.no_input_goodbye.render(self._vars)), Hangup("no input")]
+        text = lim.no_input_reply.render(self._vars)
+        if self._pending is not None and self._confirming is None and not self._keys:
+            text = f"{text} {self.profile.slots[self._pending].prompt.render(self._vars)}"
+        return [Say(text)]
 
     def understands(self, text: str) -> bool:
         """Whether :meth:`respond` would make sense of ``text`` now (an intent, an answer to
@@ -291,6 +312,7 @@ class DialogueEngine:
         now = self._clock() if now is None else now
         if self.ended or len(digit) != 1 or digit not in DTMF_KEYS:
             return None
+        self.unanswered = 0
         grace, self._hash_until = self._hash_until, None
         if digit == "#" and grace is not None and now <= grace:
             return None  # the terminator of an entry already complete

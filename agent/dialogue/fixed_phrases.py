@@ -37,7 +37,10 @@ def _templates(profile: AgentProfile) -> Iterator[Template]:
         if intent.lookup is not None:
             yield intent.lookup.not_found
     yield from (t for t in (fb.escalate_reply, fb.transfer_failed) if t is not None)
-    yield profile.limits.closing
+    lim = profile.limits
+    yield lim.closing
+    if lim.no_input_s:
+        yield from (lim.no_input_reply, lim.no_input_goodbye)
 
 
 def _texts(profile: AgentProfile) -> Iterator[str]:

@@ -188,6 +188,17 @@ class Limits:
     max_turns: int = 0  # 0 = no limit
     max_call_s: float = 0.0
     closing: Template = field(default_factory=lambda: parse_template("Thank you for calling."))
+    # The floor is the caller's and they say nothing (their words lost on the line, a key
+    # in a burst of loss, stepped away): after this long the agent asks again, up to
+    # no_input_prompts times, then says no_input_goodbye and hangs up. 0 = never.
+    no_input_s: float = 0.0
+    no_input_prompts: int = 2
+    no_input_reply: Template = field(default_factory=lambda: parse_template("Are you still there?"))
+    no_input_goodbye: Template = field(
+        default_factory=lambda: parse_template(
+            "I can't hear anything, so I'll hang up now. Goodbye."
+        )
+    )
 
 
 @dataclass(frozen=True)

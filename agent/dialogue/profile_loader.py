@@ -58,7 +58,8 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     | {"filler_tone_hz": _NUM, "filler_after_ms": _INT},
     "variables": {},
     "matching": _keys(_NUM, "fuzzy_threshold example_threshold"),
-    "limits": {"max_turns": _INT, "max_call_s": _NUM, "closing": _STR},
+    "limits": {"max_turns": _INT, "max_call_s": _NUM, "no_input_s": _NUM, "no_input_prompts": _INT}
+    | _keys(_STR, "closing no_input_reply no_input_goodbye"),
     "fallback": _keys(_STR, "escalate_reply escalate_transfer transfer_failed")
     | {"replies": _LIST, "escalate_after": _INT},
     "barge_in": {"enabled": _BOOL, "min_speech_ms": _INT, "backchannels": _LIST},
@@ -243,15 +244,24 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
         transfer_failed=_opt(ld, "fallback", "transfer_failed", fb, known),
     )
     lim = ld.table("limits", data.get("limits", {}), "limits")
-    limits = Limits(max_turns=lim.get("max_turns", 0), max_call_s=float(lim.get("max_call_s", 0)))
+    limits = Limits(
+        max_turns=lim.get("max_turns", 0),
+        max_call_s=float(lim.get("max_call_s", 0)),
+        no_input_s=float(lim.get("no_input_s", 0)),
+        no_input_prompts=lim.get("no_input_prompts", 2),
+    )
     ld.number("limits", "max_turns", limits.max_turns, 0, 10_000)
     ld.number("limits", "max_call_s", limits.max_call_s, 0, 86_400)
-    if "closing" in lim:
-        limits = Limits(
-            limits.max_turns,
-            limits.max_call_s,
-            _opt(ld, "limits", "closing", lim, known) or limits.closing,
-        )
+    if limits.no_input_s:  # shorter than a caller takes to think is no silence
+        ld.number("limits", "no_input_s", limits.no_input_s, 3, 600)
+    ld.number("limits", "no_input_prompts", limits.no_input_prompts, 0, 10)
+    limits = replace(
+        limits,
+        closing=_opt(ld, "limits", "closing", lim, known) or limits.closing,
+        no_input_reply=_opt(ld, "limits", "no_input_reply", lim, known) or limits.no_input_reply,
+        no_input_goodbye=_opt(ld, "limits", "no_input_goodbye", lim, known)
+        or limits.no_input_goodbye,
+    )
     bi = ld.table("barge_in", data.get("barge_in", {}), "barge_in")
     barge_in = BargeIn(**{k: v for k, v in bi.items() if k != "backchannels"})
     ld.number("barge_in", "min_speech_ms", barge_in.min_speech_ms, 0, 5000)

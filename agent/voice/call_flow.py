@@ -176,6 +176,11 @@ class CallFlow:
         """A key, or a keypad entry's timeout: the caller's turn runs until ``now``."""
         return self.meter.caller_acted(now)
 
+    def agent_spoke_up(self, now: float) -> None:
+        """The agent speaks up unasked (a no-input prompt): no dead air, no filler, for the
+        silence the floor was the caller's."""
+        self.meter.agent_spoke_up(now)
+
     def close(self, now: float) -> float | None:
         """The call ended: the last wait's gap, if it counts."""
         return self.meter.close(now)

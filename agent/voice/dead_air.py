@@ -90,6 +90,12 @@ class DeadAirMeter:
         self._caller_end = max(self._caller_end, now)
         return gap
 
+    def agent_spoke_up(self, now: float) -> None:
+        """The agent takes the floor on its own at ``now`` (a prompt for a caller who said
+        nothing): the silence before was the caller's; a wait for it starts now."""
+        self._open = None
+        self._audio_end = max(self._audio_end, now)
+
     def close(self, now: float) -> float | None:
         """The call ended at ``now``: the wait it ended in, if it had lasted RESUME_S."""
         if self._open is None or not self._owed or now - self._open < RESUME_S:

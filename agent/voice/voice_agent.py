@@ -250,6 +250,8 @@ class VoiceAgent(Agent):
         self._holding = False  # a reply to words not understood waits (MISS_HOLD_TICKS)
         self._turn: TurnTiming | None = None
         self._busy = False  # a reply is being produced or played
+        self._silent_ticks = 0  # the floor is the caller's and they say nothing (no_input_s)
+        self.no_input_prompts = 0  # "are you still there?" said, all told
         self._cancel = threading.Event()  # TTS of the current reply stops between sentences
         self._gen = 0  # reply generation: audio from an older one is dropped
         self._tasks: set[asyncio.Task[None]] = set()
@@ -333,6 +335,7 @@ class VoiceAgent(Agent):
             self._run += 1
         else:
             self._run = 0
+        self._no_input_tick(now)
         pcm16 = self._up.process(pcm)
         if self._busy:
             # the caller's speech beat our echo (for words said over the reply's very end)
@@ -438,6 +441,35 @@ class VoiceAgent(Agent):
             self._run = (onset_lag or 0) // FRAME
         elif confirmed is False:
             self._confirmed = False
+
+    def _no_input_tick(self, now: float) -> None:
+        """The floor is the caller's and they say nothing (words lost on the line, a key
+        lost in a burst of loss, stepped away): after ``limits.no_input_s`` the engine asks
+        again ("Are you still there?"), and in the end says goodbye. Any sound of theirs,
+        a reply of ours, a transfer or a keypad entry in progress starts the count afresh."""
+        after = self.profile.limits.no_input_s
+        engine = self.engine
+        idle = (
+            after > 0
+            and engine is not None
+            and not engine.ended
+            and not self._busy
+            and not self._user_speaking
+            and not self.playout.playing
+            and self._held is None
+            and self._spec is None
+            and not self.flow.transfer_pending
+            and engine.keypad_deadline() is None
+        )
+        if not idle:
+            self._silent_ticks = 0
+            return
+        self._silent_ticks += 1
+        if engine is not None and self._silent_ticks * TICK_S >= after:
+            self._silent_ticks = 0
+            self.no_input_prompts += 1
+            self.flow.agent_spoke_up(now)
+            self._interrupt_with(engine.no_input())
 
     def _should_barge_in(self) -> bool:
         """Speech (the VAD, on what is left once our echo is taken out) for barge_in_ms,
