@@ -286,6 +286,25 @@ def test_expect_refer(tmp_path: Path, refer: str, result: str, want: str, words:
     assert sim.statuses() == [want] and words in sim.detail(1)
 
 
+def test_a_no_input_prompt_after_a_wrong_answer_makes_no_dead_air(tmp_path: Path) -> None:
+    """The caller asks, the agent answers wrongly (the floor is the caller's again), and 8 s
+    later asks "Are you still there?": the expect times out, and those 8 s were the
+    caller's turn, not a wait for the agent. When nothing came before the prompt, the
+    caller did wait for it: that silence is dead air."""
+    text = (
+        '[[step]]\nsay = "hours"\n[[step]]\nexpect = "monday"\ntimeout_s = 15\n'
+        "[[step]]\nexpect_no_dead_air = 1.5\n"
+    )
+    wrong = Call([(1.6, 3.0, "Sorry, I didn't catch that."), (11.0, 12.0, "Are you still there?")])
+    summary = Sim(text, wrong, tmp_path).run()
+    assert summary.longest_dead_air_s == pytest.approx(0.6, abs=0.05)  # the answer's delay
+    nothing = Call([(8.0, 9.0, "Are you still there?")])
+    sim = Sim(text, nothing, tmp_path)
+    summary = sim.run()
+    assert sim.statuses() == ["PASS", "FAIL", "SKIP"]
+    assert summary.longest_dead_air_s == pytest.approx(7.0, abs=0.05)
+
+
 def test_dead_air_is_judged_at_the_end(tmp_path: Path) -> None:
     # "please hold", then 6 s of silence before the agent comes back
     call = Call([(0.2, 2.0, "Please hold."), (8.0, 10.0, "Nobody is free.")])

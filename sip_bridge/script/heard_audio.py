@@ -33,6 +33,7 @@ from numpy.typing import NDArray
 from agent.voice.hold_audio import RINGBACK
 
 __all__ = [
+    "CALLER_FLOOR_S",
     "FRAME_S",
     "RINGBACK_OFF_S",
     "SPEECH_DBFS",
@@ -42,6 +43,7 @@ __all__ = [
     "Reaction",
     "Segment",
     "Span",
+    "answer_end",
     "barge_in_reaction",
     "dead_air_gaps",
     "frame_dbfs",
@@ -315,6 +317,21 @@ def merge_spans(spans: Sequence[Span], slack_s: float = 0.05) -> list[Span]:
         else:
             out.append(s)
     return out
+
+
+# A silence this long after the agent's words, and then more of them: the floor was the
+# caller's and the agent asked again (a profile's no-input prompt, "Are you still there?",
+# after limits.no_input_s, 3 s at the least). Longer than a ringback's off time, whose
+# silence is part of a sound still going on.
+CALLER_FLOOR_S = max(3.0, RINGBACK_OFF_S + 0.5)
+
+
+def answer_end(heard: HeardAudio, start: float, end: float) -> float | None:
+    """When the agent's answer heard from ``start`` ended: its sound up to the first
+    silence of CALLER_FLOOR_S or more (what comes after asks the caller again); None if
+    nothing was heard before ``end``."""
+    first = heard.segments(start, end, CALLER_FLOOR_S)
+    return first[0].end if first else None
 
 
 def dead_air_gaps(heard: HeardAudio, spans: Sequence[Span], merge_s: float = 0.7) -> list[Gap]:

@@ -32,6 +32,7 @@ from sip_bridge.script.heard_audio import (
     STOP_SILENCE_S,
     HeardAudio,
     Span,
+    answer_end,
     barge_in_reaction,
     dead_air_gaps,
     turn_latency,
@@ -395,10 +396,12 @@ class ScriptPlayer:
             return True, f'heard "{heard}"'
         if final and (complete or now >= (self._deadline or now)):
             # silence to the end is dead air when the agent said nothing since the caller
-            # waited; after an answer (even a wrong one) it was the caller's turn
+            # waited; after an answer (even a wrong one) it was the caller's turn, and a
+            # prompt asking them again after a long silence ("Are you still there?") does
+            # not make that silence ours
             said = self.heard.last_loud_end(stop)
             if said is not None and said > self._wait_from:
-                self._wait_span(said, False)
+                self._wait_span(answer_end(self.heard, self._wait_from, stop) or said, False)
             else:
                 self._wait_span(now if timed_out else stop, True)
             why = "timed out" if timed_out else self._aborted or "the far end hung up"
