@@ -240,10 +240,15 @@ class DialogueEngine:
         if closing := self._time_up():
             return closing
         self.turns += 1
-        asking = self._pending is not None and self._confirming is None
-        slot = self.profile.slots[self._pending] if asking and self._pending else None
+        slot = self._slot_asked()
         retry = slot.retry.render(self._vars) if slot is not None else None
         return self._miss(retry) + self._after_turn()
+
+    def _slot_asked(self) -> SlotSpec | None:
+        """The slot whose question is open (not one being confirmed): what to ask again."""
+        if self._pending is None or self._confirming is not None:
+            return None
+        return self.profile.slots[self._pending]
 
     def no_input(self) -> list[ReplyPart]:
         """The caller has said nothing for ``limits.no_input_s`` since the floor became
@@ -259,8 +264,8 @@ class DialogueEngine:
             self.ended = True
             return [Say(lim.no_input_goodbye.render(self._vars)), Hangup("no input")]
         text = lim.no_input_reply.render(self._vars)
-        if self._pending is not None and self._confirming is None and not self._keys:
-            text = f"{text} {self.profile.slots[self._pending].prompt.render(self._vars)}"
+        if (slot := self._slot_asked()) is not None and not self._keys:
+            text = f"{text} {slot.prompt.render(self._vars)}"
         return [Say(text)]
 
     def understands(self, text: str) -> bool:
