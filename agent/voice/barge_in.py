@@ -165,8 +165,10 @@ class EchoGate:
         self._pending.append((left / env, left / est if est > env * 1e-4 else None))
 
     def forget_recent(self) -> None:
-        """The caller barged in: the windows not yet counted held their voice, not echo."""
+        """The caller barged in: the windows not yet counted held their voice, not echo,
+        and the canceller learns nothing while our last words leave the tail under it."""
         self._pending.clear()
+        self.canceller.caller_talking()
 
     @property
     def confused(self) -> bool:

@@ -40,7 +40,9 @@ comes back is a hole, 10 dB or more under the echo expected (a phone muted, its 
 buffer growing, an echo suppressor clamping): learning that absence forgot the echo, and
 learning it again took 1-2.5 s once it was back (2-7 dB taken out in the first second
 after a 1 s hole, against 30 dB before it). The filters wait through up to 2 s of a hole
-unchanged.
+unchanged. Nor do they learn, or promote, for a tail's length after the caller barges in
+(:meth:`caller_talking`): our last words then fade under their speech, and no block is
+echo alone.
 """
 
 from __future__ import annotations
@@ -68,6 +70,7 @@ _HOLE_HOLD = 100  # blocks (2 s) of missing echo the filters wait through unchan
 _SHIFT_FLOOR = 1e-6 * 32768.0**2  # per sample: what came back (or was expected) >= -60 dBFS
 _IDLE, _TRYING, _MOVED = 0, 1, 2
 _QUIET_REF = 1e-6 * 32768.0**2  # per sample: reference under -60 dBFS teaches nothing
+_NO_EVIDENCE = 1e-3  # the filters' estimates differ 30 dB under the error: compare nothing
 
 
 class EchoCanceller:
@@ -138,6 +141,7 @@ class EchoCanceller:
         self._shift_mic = 0.0  # what came back in them (smoothed as _shift_err)
         self._shift_from = 0  # the echo's first partition when the spell began
         self._hole_blocks = 0  # blocks in a row in which our echo was missing (see _follow)
+        self._frozen = 0  # blocks left in which nothing is learnt (see caller_talking)
 
     @property
     def _span(self) -> tuple[int, int]:
@@ -153,6 +157,17 @@ class EchoCanceller:
     def active(self) -> bool:
         """Some reference is still inside the tail: the residual differs from the input."""
         return self._idle < self.partitions
+
+    def caller_talking(self) -> None:
+        """The caller talks over us (a barge-in): our voice stops, its last words leave the
+        tail under their speech. Until they have (one tail's length of blocks), neither
+        filter learns and none is promoted: there is no echo-only block left to learn from,
+        and each block is the caller's speech over a fading echo, which is what makes the
+        background wander and the foreground test take it (measured over a SIP call with
+        human speech: a filter cancelling 25 dB, promoted from a wandered background in the
+        300 ms after a barge-in, cancelled the next reply's echo by 7-10 dB, loud enough to
+        pass for the caller going on)."""
+        self._frozen = self.partitions
 
     def process(self, mic: NDArray[np.generic], ref: NDArray[np.generic]) -> _F64:
         """``mic``: the block heard; ``ref``: the block we sent on the same tick (zeros
@@ -184,15 +199,19 @@ class EchoCanceller:
         y_bg: _F64 = estimates[1]
         e_fg = d - y_fg
         e_bg = d - y_bg
-        follow = _IDLE if self.window is None else self._follow(d, e_fg)
-        if follow == _MOVED:
-            y_fg = self._estimates()[0]  # the filters moved with the echo
-            e_fg = e_bg = d - y_fg
-            y_bg = y_fg
-        elif follow == _IDLE and self._compare(e_fg, e_bg):
-            e_bg, y_bg = e_fg, y_fg  # reset: the background starts again from the foreground
-        if follow != _TRYING:  # (what comes back may not be where the filters look)
-            self._adapt(e_bg, y_bg, float(np.dot(x, x)))
+        if self._frozen:
+            self._frozen -= 1
+            self._note_reference(float(np.dot(x, x)))
+        else:
+            follow = _IDLE if self.window is None else self._follow(d, e_fg)
+            if follow == _MOVED:
+                y_fg = self._estimates()[0]  # the filters moved with the echo
+                e_fg = e_bg = d - y_fg
+                y_bg = y_fg
+            elif follow == _IDLE and self._compare(e_fg, e_bg):
+                e_bg, y_bg = e_fg, y_fg  # reset: the background starts from the foreground
+            if follow != _TRYING:  # (what comes back may not be where the filters look)
+                self._adapt(e_bg, y_bg, float(np.dot(x, x)))
         if np.dot(e_fg, e_fg) > np.dot(d, d):
             # taking the estimate out adds to what came back: the echo it expects is not
             # there (a hole in the line, a path just moved). The residual would be our own
@@ -372,6 +391,10 @@ class EchoCanceller:
         self._bg[j] = np.fft.rfft(taps)
         self._constrain = j + 1
 
+    def _note_reference(self, s_xx: float) -> None:
+        self._ref_energy[1:] = self._ref_energy[:-1]
+        self._ref_energy[0] = s_xx
+
     def _rates(
         self, e: _C128, y: _C128, s_ee: float, s_yy: float, s_xx: float
     ) -> NDArray[np.float64] | float | None:
@@ -384,8 +407,7 @@ class EchoCanceller:
         the echo estimate still found in the error, learnt by regression of the error's
         power on the estimate's, which near-end speech does not bias) times the estimate.
         None: nothing to learn from (no reference energy in the tail)."""
-        self._ref_energy[1:] = self._ref_energy[:-1]
-        self._ref_energy[0] = s_xx
+        self._note_reference(s_xx)
         loudest = float(self._ref_energy.max())
         if loudest <= 0.0:
             return None
@@ -438,6 +460,14 @@ class EchoCanceller:
         s_bb = float(np.dot(bg, bg))
         diff = fg - bg
         d_bf = float(np.dot(diff, diff)) + 1.0
+        if d_bf < _NO_EVIDENCE * s_ff:
+            # the two estimates differ by next to nothing against what came back (our voice
+            # has left the tail, the caller talks on): the block cannot tell the filters
+            # apart, only the caller's speech can tip the test. Measured: a background that
+            # wandered in the caller's speech over our last words was promoted on such a
+            # block (its estimate 34 dB under what came back), and the next reply's echo
+            # was cancelled 10 dB instead of 25 and taken for the caller
+            return False
         gain = s_ff - s_bb
         self._avg1 = 0.6 * self._avg1 + 0.4 * gain
         self._var1 = 0.36 * self._var1 + 0.16 * s_ff * d_bf
