@@ -199,19 +199,20 @@ class EchoCanceller:
         y_bg: _F64 = estimates[1]
         e_fg = d - y_fg
         e_bg = d - y_bg
-        if self._frozen:
-            self._frozen -= 1
+        # (a moved echo is still followed while frozen: a reply that starts then must not
+        # leave its echo where the filters no longer look)
+        follow = _IDLE if self.window is None else self._follow(d, e_fg)
+        frozen, self._frozen = self._frozen > 0, max(0, self._frozen - 1)
+        if follow == _MOVED:
+            y_fg = self._estimates()[0]  # the filters moved with the echo
+            e_fg = e_bg = d - y_fg
+            y_bg = y_fg
+        elif follow == _IDLE and not frozen and self._compare(e_fg, e_bg):
+            e_bg, y_bg = e_fg, y_fg  # reset: the background starts again from the foreground
+        if follow != _TRYING and not frozen:  # (what comes back may not be where we look)
+            self._adapt(e_bg, y_bg, float(np.dot(x, x)))
+        elif frozen:
             self._note_reference(float(np.dot(x, x)))
-        else:
-            follow = _IDLE if self.window is None else self._follow(d, e_fg)
-            if follow == _MOVED:
-                y_fg = self._estimates()[0]  # the filters moved with the echo
-                e_fg = e_bg = d - y_fg
-                y_bg = y_fg
-            elif follow == _IDLE and self._compare(e_fg, e_bg):
-                e_bg, y_bg = e_fg, y_fg  # reset: the background starts from the foreground
-            if follow != _TRYING:  # (what comes back may not be where the filters look)
-                self._adapt(e_bg, y_bg, float(np.dot(x, x)))
         if np.dot(e_fg, e_fg) > np.dot(d, d):
             # taking the estimate out adds to what came back: the echo it expects is not
             # there (a hole in the line, a path just moved). The residual would be our own
