@@ -620,3 +620,13 @@ def test_understands_a_free_text_slot_being_confirmed_as_respond_does() -> None:
     twin = e.fork()
     _turn(twin, "A minimum.")
     assert twin.last_missed
+
+
+def test_a_silent_caller_being_asked_back_hears_the_question_again() -> None:
+    """Asked "I have Bob Jones. Is that right?" and silent: "Are you still there?" asks it
+    again (the value still waits for its yes), not the name's own prompt or nothing."""
+    e = DialogueEngine(load_profile(ROOT / "config" / "agents" / "booking.toml"))
+    _turn(e, "I'd like a cleaning on Monday at ten")
+    assert _said(_turn(e, "Bob Jones")) == "I have Bob Jones. Is that right?"
+    assert e.no_input() == [Say("Are you still there? I have Bob Jones. Is that right?")]
+    assert _said(_turn(e, "Yes.")).startswith("That's a cleaning on")

@@ -889,6 +889,7 @@ async def test_speech_over_the_replys_start_after_merges_in_a_row_is_heard_out()
         await c.tick(5)
         await c.until(lambda: c.agent._held is None, "the probe")
         assert c.agent.echo_resumes == 1 and c.agent.barge_ins == 0
+        assert c.agent.backchannels == 0  # our own echo is not the caller acknowledging us
         await c.drain()
         assert len(c.out.writes) > n and c.models.spoken[-1] == apology  # it went on
         (turn,) = _turns_reported(c)  # the turn, answered once: the merges never were

@@ -264,9 +264,21 @@ class DialogueEngine:
             self.ended = True
             return [Say(lim.no_input_goodbye.render(self._vars)), Hangup("no input")]
         text = lim.no_input_reply.render(self._vars)
-        if (slot := self._slot_asked()) is not None and not self._keys:
-            text = f"{text} {slot.prompt.render(self._vars)}"
+        if (question := self._question_open()) is not None:
+            text = f"{text} {question}"
         return [Say(text)]
+
+    def _question_open(self) -> str | None:
+        """The question the caller was asked and has not answered, to ask again: the slot's
+        prompt, or "the fifteenth, is that right?" while a value is being confirmed. None
+        while they are typing an entry (the keys so far stand)."""
+        if self._pending is None or self._keys:
+            return None
+        slot = self.profile.slots[self._pending]
+        if self._confirming is not None and slot.confirm_prompt is not None:
+            values = self._vars | self._filled | {slot.name: self._confirming[1]}
+            return slot.confirm_prompt.render(values)
+        return slot.prompt.render(self._vars)
 
     def understands(self, text: str) -> bool:
         """Whether :meth:`respond` would make sense of ``text`` now (an intent, an answer to

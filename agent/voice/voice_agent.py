@@ -619,7 +619,7 @@ class VoiceAgent(Agent):
         known = self.profile.barge_in.backchannels
         if held.echo_suspect and self._our_own_words(text):
             self.echo_resumes += 1
-            self._resume(text, "only our own words: line echo")
+            self._resume(text, "only our own words: line echo", backchannel=False)
         elif not unheard_words and is_backchannel(text, known):
             self._resume(text)
         elif known and short and not takes_floor(text) and not self._understood(text):
@@ -648,10 +648,11 @@ class VoiceAgent(Agent):
     def _understood(self, text: str) -> bool:
         return self.engine is None or self.engine.understands(text)
 
-    def _resume(self, text: str, why: str = "a backchannel") -> None:
-        """A backchannel: no turn; the reply goes on from the word it stopped in."""
+    def _resume(self, text: str, why: str = "a backchannel", *, backchannel: bool = True) -> None:
+        """A backchannel (or our own echo, ``backchannel`` False): no turn; the reply goes
+        on from the word it stopped in."""
         self._held = None
-        self.backchannels += 1
+        self.backchannels += int(backchannel)
         audio = self.playout.resume()
         if audio.size and self._out is not None:
             self._out.write(audio)
