@@ -4,7 +4,8 @@ They are not a turn and must not stop the reply for good. The voice agent stops 
 as for any barge-in, since a backchannel and the first word of a real interruption sound
 alike for the first 250 ms; when the caller falls silent it transcribes what they said,
 and if that was only backchannels (or, for up to 0.8 s of speech, nothing it could make
-out or words the dialogue would not understand and no :data:`FLOOR_WORDS`: a hummed
+out or up to :data:`MAX_WORDS` words the dialogue would not understand and no
+:data:`FLOOR_WORDS`: a hummed
 "mm-hmm" comes out as "A minimum."; agent.voice decides that), it goes on from the word
 it stopped at. This module is the test on the words (pure: no I/O).
 """
@@ -15,7 +16,18 @@ from collections.abc import Iterable
 
 from agent.words import normalize
 
-__all__ = ["DEFAULT_BACKCHANNELS", "FLOOR_WORDS", "is_backchannel", "phrases", "takes_floor"]
+__all__ = [
+    "DEFAULT_BACKCHANNELS",
+    "FLOOR_WORDS",
+    "MAX_WORDS",
+    "is_backchannel",
+    "phrases",
+    "takes_floor",
+]
+
+#: A backchannel is one to three words ("uh-huh", "all right", "okay, I see"): more, not
+#: understood, is the caller saying something the ASR got wrong, not humming
+MAX_WORDS = 3
 
 #: What counts unless a profile lists its own ([barge_in] backchannels): the usual ones,
 #: as an ASR spells them. Not "yes"/"yeah": said over a question they are its answer.

@@ -15,6 +15,7 @@ from types import MappingProxyType
 from typing import Any, NoReturn
 from urllib.parse import urlsplit
 
+from agent.dialogue.backchannel import MAX_WORDS
 from agent.dialogue.business_hours import BusinessHours, parse_hours
 from agent.dialogue.profile import (
     BUILTINS,
@@ -338,8 +339,8 @@ def _build_backchannels(ld: _Loader, raw: list[str]) -> tuple[tuple[str, ...], .
         words = normalize(text)
         if not words:
             ld.fail("barge_in", "backchannels", f"{text!r} has no words")
-        if len(words) > 3:
-            ld.fail("barge_in", "backchannels", f"{text!r}: a backchannel is 1-3 words")
+        if len(words) > MAX_WORDS:
+            ld.fail("barge_in", "backchannels", f"{text!r}: a backchannel is 1-{MAX_WORDS} words")
         out.append(words)
     return tuple(out)
 

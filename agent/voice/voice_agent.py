@@ -46,7 +46,7 @@ from agent.base import (
     TurnCompleted,
     fade_out_gain,
 )
-from agent.dialogue.backchannel import is_backchannel, takes_floor
+from agent.dialogue.backchannel import MAX_WORDS, is_backchannel, takes_floor
 from agent.dialogue.engine import (
     DialogueEngine,
     Hangup,
@@ -622,9 +622,17 @@ class VoiceAgent(Agent):
             self._resume(text, "only our own words: line echo", backchannel=False)
         elif not unheard_words and is_backchannel(text, known):
             self._resume(text)
-        elif known and short and not takes_floor(text) and not self._understood(text):
+        elif (
+            known
+            and short
+            and len(normalize(text)) <= MAX_WORDS
+            and not takes_floor(text)
+            and not self._understood(text)
+        ):
             # a hum the ASR made words of ("mm-hmm" as "A minimum."): giving the reply up
-            # for it would only earn the caller a "sorry, I didn't catch that"
+            # for it would only earn the caller a "sorry, I didn't catch that". More words
+            # than a backchannel has are a question heard wrong (a quiet caller over loss):
+            # the reply stops for them as for any caller taking the floor
             self._resume(text, "not understood")
         else:
             shown = sensitive_text(text) if self.sensitive else text  # a PIN said over the
