@@ -5,9 +5,8 @@ as for any barge-in, since a backchannel and the first word of a real interrupti
 alike for the first 250 ms; when the caller falls silent it transcribes what they said,
 and if that was only backchannels (or, for up to 0.8 s of speech, nothing it could make
 out or up to :data:`MAX_WORDS` words the dialogue would not understand and no
-:data:`FLOOR_WORDS`: a hummed
-"mm-hmm" comes out as "A minimum."; agent.voice decides that), it goes on from the word
-it stopped at. This module is the test on the words (pure: no I/O).
+:data:`FLOOR_WORDS`: a hummed "mm-hmm" comes out as "A minimum."; agent.voice decides
+that), it goes on from the word it stopped at. This module is the test on the words (pure: no I/O).
 """
 
 from __future__ import annotations
