@@ -6,7 +6,8 @@ alike for the first 250 ms; when the caller falls silent it transcribes what the
 and if that was only backchannels (or, for up to 0.8 s of speech, nothing it could make
 out or up to :data:`MAX_WORDS` words the dialogue would not understand and no
 :data:`FLOOR_WORDS`: a hummed "mm-hmm" comes out as "A minimum."; agent.voice decides
-that), it goes on from the word it stopped at. This module is the test on the words (pure: no I/O).
+that), it goes on from the word it stopped at. This module is the test on the words
+(pure: no I/O).
 """
 
 from __future__ import annotations
