@@ -116,6 +116,9 @@ class EchoCanceller:
         self._mic_pow: _F64 = np.zeros(bins)
         self.coherence: _F64 = np.zeros(p)
         self._heard_ours = 0  # blocks with our voice in the tail so far
+        # which of the last blocks (newest first) carried our voice: a partition's
+        # coherence counts once its reference held our voice over half the locator's horizon
+        self._voiced: NDArray[np.bool_] = np.zeros(p + _LOCATE_BLOCKS, bool)
         #: The partitions that hold the echo (bulk delay found); None: not known yet, the
         #: whole tail adapts.
         self.window: tuple[int, int] | None = None
@@ -193,6 +196,8 @@ class EchoCanceller:
         self._x[0] = spectra[0]
         self._x_pow[1:] = self._x_pow[:-1]
         self._x_pow[0] = spectra[0].real ** 2 + spectra[0].imag ** 2
+        self._voiced[1:] = self._voiced[:-1]
+        self._voiced[0] = not silent
         self._locate(spectra[1])
         estimates = self._estimates()
         y_fg: _F64 = estimates[0]
@@ -281,6 +286,17 @@ class EchoCanceller:
         """The echo now comes ``k`` blocks later (earlier, if negative): so do the filters
         (the echo's partitions, as tried: nothing else) and the locator's statistics."""
         p = self.partitions
+        self._move_filters(k)
+        self._cross[:] = np.roll(self._cross, k, axis=0)
+        if k > 0:
+            self._cross[:k] = 0.0
+        else:
+            self._cross[p + k :] = 0.0
+        self._ref_pow[:] = np.roll(self._ref_pow, k, axis=0)  # (its ends: old, decaying)
+
+    def _move_filters(self, k: int) -> None:
+        """Both filters' echo partitions (the window's), ``k`` blocks later, and the window
+        with them: the foreground is the same echo path, only later."""
         lo, hi = self._span
         echo = self._fg[lo:hi].copy()
         self._fg[:] = 0.0
@@ -288,12 +304,6 @@ class EchoCanceller:
         self._bg[:] = self._fg
         self.window = (lo + k, hi + k)
         self._fg_live = self._bg_live = self.window
-        self._cross[:] = np.roll(self._cross, k, axis=0)
-        if k > 0:
-            self._cross[:k] = 0.0
-        else:
-            self._cross[p + k :] = 0.0
-        self._ref_pow[:] = np.roll(self._ref_pow, k, axis=0)  # (its ends: old, decaying)
         self._avg1 = self._avg2 = self._var1 = self._var2 = 0.0
         self._shift_blocks = 0
         self.shifts += 1
@@ -327,17 +337,54 @@ class EchoCanceller:
         rest = max(float(before.max()) if before.size else 0.0,
                    float(after.max()) if after.size else 0.0)  # fmt: skip
         clear = coherence[best] > _LOCATE_MIN and coherence[best] > _LOCATE_RATIO * rest
-        if not clear:
+        # (a partition whose reference was silent until a block or two ago looks coherent
+        # with anything new that comes back: the caller starting to talk as our reply
+        # starts. Measured: the window thrown to 20-100 ms, the echo at 190 ms)
+        heard = int(self._voiced[best : best + _LOCATE_BLOCKS].sum())
+        if not clear or heard < _LOCATE_BLOCKS // 2:
             return
         if self.window is not None and self.window[0] <= best - 1 and best + 1 < self.window[1]:
             return  # the echo's partitions are inside the window already
         window = (max(0, best - 1), min(self.partitions, best + 3))
-        if window != self.window:
-            self.window = window
-            outside = np.ones(self.partitions, bool)
-            outside[window[0] : window[1]] = False
-            self._bg[outside] = 0.0  # what the background grew in front of the echo
-            self._bg_live = window
+        if window == self.window:
+            return
+        if self.adapted and self.window is not None and not self._holds_echo(window):
+            # the filters know the echo path: where it moved, they move with it (left where
+            # they were, the window would hold little of the foreground's echo, and _follow,
+            # which tries the window's partitions elsewhere, could never find it again).
+            # Only while they cancel poorly (a foreground that cancels is where the echo
+            # is), and by as many blocks as lay the foreground's partitions over the
+            # coherence best: an echo between two partitions moves the coherence's peak from
+            # one to the other and back, and must not move the filters
+            if self._shift_blocks:
+                k = self._offset_to(coherence)
+                if k:
+                    self._move_filters(k)
+            return
+        self.window = window
+        outside = np.ones(self.partitions, bool)
+        outside[window[0] : window[1]] = False
+        self._bg[outside] = 0.0  # what the background grew in front of the echo
+        self._bg_live = window
+
+    def _holds_echo(self, window: tuple[int, int]) -> bool:
+        """``window`` holds nine tenths of the foreground's energy, or more."""
+        parts = self._fg.view(np.float64)
+        size = np.einsum("pk,pk->p", parts, parts)
+        return float(size[window[0] : window[1]].sum()) >= 0.9 * float(size.sum())
+
+    def _offset_to(self, coherence: _F64) -> int:
+        """How many blocks later (earlier, if negative) the foreground's echo partitions lie
+        best over ``coherence``: 0 unless a move fits it clearly better (_LOCATE_RATIO)."""
+        lo, hi = self._span
+        parts = self._fg[lo:hi].view(np.float64)
+        size = np.einsum("pk,pk->p", parts, parts)
+        moves = range(-lo, self.partitions - hi + 1)
+        fits = np.array([float(size @ coherence[lo + k : hi + k]) for k in moves])
+        best = int(np.argmax(fits))
+        if fits[best] <= _LOCATE_RATIO * fits[lo]:  # (moves[lo] is no move)
+            return 0
+        return moves[best]
 
     def _estimates(self) -> _F64:
         """The echo each filter predicts for the newest block (the last half of the
