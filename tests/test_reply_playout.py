@@ -247,3 +247,37 @@ def test_texts_are_every_worded_sentence_until_a_reset() -> None:
     assert p.texts() == ["Thanks for calling.", "One moment.", "Goodbye."]
     p.cut()
     assert p.texts() == []
+
+
+def test_ringback_is_on_the_wire_ahead_of_the_reply_but_not_part_of_it() -> None:
+    """Ringback while a transfer rings goes out beside the reply: the echo reference has
+    it (in the bridge's order: before a reply written after it), the reply's timeline does
+    not (nothing heard, nothing queued, last_played 0), and a reply's samples still count."""
+    p = ReplyPlayout()
+    ring = _const(2 * TICK, 700)  # the first ringback write: a frame ahead
+    p.write_background(ring)
+    assert not p.playing and p.queued == 0
+    assert np.array_equal(p.play(TICK), ring[:TICK]) and p.last_played == 0
+    p.begin_sentence("Sorry, nobody answered.")
+    reply = _noise(2 * TICK, 5)
+    p.write(reply)
+    assert np.array_equal(p.play(TICK), ring[TICK:]) and p.last_played == 0
+    assert (p.head, p.queued) == (0, 2 * TICK)
+    assert np.array_equal(p.play(TICK), reply[:TICK]) and p.last_played == TICK
+    assert np.array_equal(p.play(TICK), reply[TICK:]) and not p.playing
+    p.write_background(_const(TICK // 2, 500))  # (only ever written with no reply queued:
+    p.write(reply)  # what comes after it plays after it, in the tick's other half)
+    assert np.isclose(p.advance(TICK), _rms(reply[: TICK // 2]))
+    assert p.last_played == TICK // 2 and p.head == 2 * TICK + TICK // 2
+
+
+def test_a_cut_or_a_hold_drops_the_ringback_the_bridge_dropped() -> None:
+    p = ReplyPlayout()
+    p.write_background(_const(2 * TICK))
+    p.cut(np.linspace(1.0, 0.0, 80, endpoint=False))
+    assert not p.play(TICK).any()
+    p.write(_const(4 * TICK))
+    p.play(TICK)
+    p.write_background(_const(TICK))
+    p.hold(np.linspace(1.0, 0.0, 80, endpoint=False))
+    assert not p.play(TICK)[80:].any()

@@ -21,12 +21,15 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from agent.base import Agent
+from agent.voice.voice_agent import VoiceAgent
 from resample import Resampler
-from sip_bridge.agents import prepare_agents
+from sip_bridge.agents import make_agent, prepare_agents
 from sip_bridge.config.loader import DEMO_PROFILE, BridgeConfig, load_config
 from sip_bridge.ops.records import CallRecords
 from sip_bridge.server import BridgeServer
 from sip_bridge.web.console_view import live_calls
+from testkit.line_echo import LineEcho
 from testkit.line_tones import ringback_frames
 from testkit.sipp_media import random_port_range
 from testkit.sipp_runner import free_port, start_sipp
@@ -104,10 +107,24 @@ async def answer(caller: WireCaller, since: float, quiet_s: float = 1.5) -> floa
     return await quiet(caller, quiet_s)
 
 
-async def _call(config: BridgeConfig, script: Any) -> Any:
-    server = BridgeServer(config)
+async def _call(
+    config: BridgeConfig,
+    script: Any,
+    echo: LineEcho | None = None,
+    agents: list[VoiceAgent] | None = None,
+) -> Any:
+    """One call by ``script``; ``echo``: the caller's line sends our voice back; the
+    voice agent that answered is appended to ``agents``."""
+
+    def factory(cfg: BridgeConfig) -> Agent:
+        agent = make_agent(cfg)
+        if agents is not None and isinstance(agent, VoiceAgent):
+            agents.append(agent)
+        return agent
+
+    server = BridgeServer(config, agent_factory=factory)
     await server.start()
-    caller = WireCaller(server.uri, dtmf=True, transferee=True)
+    caller = WireCaller(server.uri, dtmf=True, transferee=True, line_echo=echo)
     try:
         await caller.connect(("127.0.0.1", server.port))
         assert caller.status == 200
@@ -287,3 +304,39 @@ def test_a_transfer_plays_ringback_until_the_target_answers_rejects_or_never_ans
             assert max(out["bursts"]) >= 1.7  # it rang (2 s on, 4 s off) until we gave up
     assert call["stats"]["dead_air_max_ms"] is not None
     assert call["stats"]["dead_air_max_ms"] <= 1500, call["stats"]
+
+
+def test_a_refused_transfer_over_a_line_with_echo_is_apologised_for_once(
+    config: BridgeConfig, target_port: int
+) -> None:
+    """The line sends our voice back (6 dB down, 150 ms late): the ringback's too, which
+    must be in the echo canceller's reference like our words. Before it was, the ringback's
+    echo under the apology passed for the caller: the apology was cut and said again,
+    over and over ("sorry sorry sorry ..." in every echo cell of bench/conversations.py)."""
+    agents: list[VoiceAgent] = []
+
+    async def script(server: BridgeServer, c: WireCaller) -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        uas = await start_sipp("uas_target_busy.xml", None, "-p", str(target_port), "-m", "1",
+                               timeout=40)  # fmt: skip
+        try:
+            await answer(c, 0.0)
+            key = await c.press_all("0")
+            end = key + 4.0 + config.transfer.timeout_s + 1.0
+            while loop.time() < end and not c.ended.is_set():
+                progress = c.transfer.progress if c.transfer is not None else []
+                if progress and progress[-1] >= 300:
+                    break
+                await asyncio.sleep(0.1)
+            await quiet(c, 2.0, 30.0)
+            return {"heard": await transcribe(config, np.concatenate(c.log.heard))}
+        finally:
+            if uas.returncode is None:
+                uas.kill()
+            await uas.communicate()
+
+    out = asyncio.run(_call(config, script, LineEcho(6.0, 150.0), agents))
+    heard, agent = out["heard"], agents[0]
+    assert "putting you through" in heard and "nobody is free" in heard, heard
+    assert heard.count("sorry") == 1, heard  # said once, whole
+    assert (agent.barge_ins, agent.merges) == (0, 0), heard

@@ -45,6 +45,10 @@ class ReplyPlayout:
         self._tail: NDArray[np.int16] = np.zeros(0, np.int16)  # the fade, off the timeline
         self._recent: deque[NDArray[np.int16]] = deque()  # last REWIND samples played
         self._recent_size = 0
+        # ringback or hold audio the bridge has queued ahead of any reply (see
+        # write_background); and where the reply's audio began in the last tick
+        self._background: deque[NDArray[np.int16]] = deque()
+        self._reply_from = 0
 
     @property
     def last_played(self) -> int:
@@ -89,6 +93,16 @@ class ReplyPlayout:
         if waiting is not None:
             self._sentences.append(_Sentence(waiting.text, self.written, self.written))
 
+    def write_background(self, pcm: NDArray[np.int16]) -> None:
+        """Audio that goes out beside the reply: ringback or hold audio while a transfer
+        rings, a frame a tick and only while no reply is queued, so on the wire ahead of
+        any reply written after it. It is in what :meth:`play` returns (the echo canceller
+        must know it: measured, its echo taken for the caller cut the apology after a
+        refused transfer over and over), never in the reply's timeline: not heard, not
+        waited for, not counted in :attr:`last_played`."""
+        if pcm.size:
+            self._background.append(pcm)
+
     def _open_last(self) -> bool:
         s = self._sentences[-1]
         return s.end == s.start == self.written and len(self._sentences) > self._reported
@@ -97,13 +111,23 @@ class ReplyPlayout:
         """One tick of ``n`` samples went out: returns them (zeros where nothing played),
         the echo canceller's reference for this tick."""
         out = np.zeros(n, np.int16)
+        filled = 0
+        while filled < n and self._background:  # (queued before any reply audio now)
+            chunk = self._background[0]
+            take = min(n - filled, chunk.size)
+            out[filled : filled + take] = chunk[:take]
+            filled += take
+            if take < chunk.size:
+                self._background[0] = chunk[take:]
+            else:
+                self._background.popleft()
+        start = self._reply_from = filled
         if self._tail.size or self.paused:  # held: the fade, then silence
-            k = min(n, self._tail.size)
-            out[:k] = self._tail[:k]
+            k = min(n - start, self._tail.size)
+            out[start : start + k] = self._tail[:k]
             self._tail = self._tail[k:]
             self._played = k
             return out
-        filled = 0
         while filled < n and self._audio:
             chunk = self._audio[0]
             take = min(n - filled, chunk.size - self._offset)
@@ -113,11 +137,11 @@ class ReplyPlayout:
             if self._offset >= chunk.size:
                 self._audio.popleft()
                 self._offset = 0
-        self.head += filled
-        self._played = filled
-        if filled:
-            self._recent.append(out[:filled].copy())
-            self._recent_size += filled
+        played = self._played = filled - start
+        self.head += played
+        if played:
+            self._recent.append(out[start:filled].copy())
+            self._recent_size += played
             while self._recent_size - self._recent[0].size >= REWIND:
                 self._recent_size -= self._recent.popleft().size
         return out
@@ -130,6 +154,7 @@ class ReplyPlayout:
         self._tail = np.rint(self._unplayed(fade.size) * fade[: min(fade.size, self.queued)])
         self._tail = self._tail.astype(np.int16)
         self.paused = True
+        self._background.clear()  # (the bridge's fade drops all it had queued)
 
     def resume(self, rewind: int = REWIND) -> NDArray[np.int16]:
         """Go on after a hold, from the quietest 10 ms of the last ``rewind`` samples
@@ -156,7 +181,8 @@ class ReplyPlayout:
 
     def advance(self, n: int) -> float:
         """One tick of ``n`` samples went out; returns their RMS (0 when nothing played)."""
-        frame = self.play(n)[: self._played].astype(np.float64)
+        out = self.play(n)
+        frame = out[self._reply_from : self._reply_from + self._played].astype(np.float64)
         return float(np.sqrt(np.mean(frame * frame))) if frame.size else 0.0
 
     def take_heard(self) -> str:
@@ -211,6 +237,7 @@ class ReplyPlayout:
 
     def reset(self) -> None:
         self.paused = False
+        self._background.clear()
         self._tail = np.zeros(0, np.int16)
         self._recent.clear()
         self._recent_size = 0

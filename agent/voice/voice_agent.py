@@ -1044,6 +1044,8 @@ class VoiceAgent(Agent):
                 self.playout.write_aside(audio.pcm, audio.text)
                 if self._drained is not None:
                     self._drained.clear()
+            else:  # ringback: not the reply, but our voice on the line all the same
+                self.playout.write_background(audio.pcm)
             self._out.write(audio.pcm)
         if self.engine is not None and (turn := self.engine.keypad_timeout(now)) is not None:
             self._dead_air(self.flow.caller_acted(now))  # the entry ended now, not at its last key
