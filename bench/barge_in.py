@@ -121,10 +121,10 @@ class _CpuMeter:
         inner = gate.process
         canceller = gate.canceller if isinstance(gate, EchoGate) else None
 
-        def timed(heard: Any, ours: Any) -> Any:
+        def timed(heard: Any, ours: Any, *, learn: bool = True) -> Any:
             busy = canceller.active or bool(ours.any()) if canceller is not None else True
             t0 = time.thread_time()  # this thread's CPU: the TTS threads do not count
-            out = inner(heard, ours)
+            out = inner(heard, ours, learn=learn)
             (self.active if busy else self.idle).append(time.thread_time() - t0)
             return out
 

@@ -281,3 +281,20 @@ def test_a_cut_or_a_hold_drops_the_ringback_the_bridge_dropped() -> None:
     p.write_background(_const(TICK))
     p.hold(np.linspace(1.0, 0.0, 80, endpoint=False))
     assert not p.play(TICK)[80:].any()
+
+
+def test_ticks_of_ringback_or_a_tone_say_so() -> None:
+    """The echo canceller must not learn the line from a tone (see EchoCanceller.process):
+    each tick says whether any of it was ringback, hold audio or a wordless aside."""
+    p = ReplyPlayout()
+    p.write_background(_const(TICK))
+    p.play(TICK)
+    assert p.last_tone
+    p.begin_sentence("Hello there.")
+    p.write(_noise(TICK + 80, 1))
+    p.write_aside(_const(TICK))  # a pip after it
+    p.write(_noise(TICK, 2))
+    played = [(p.play(TICK), p.last_tone)[1] for _ in range(4)]
+    assert played == [False, True, True, False]
+    p.play(TICK)
+    assert not p.last_tone

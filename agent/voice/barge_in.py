@@ -51,8 +51,11 @@ class BargeInGate(Protocol):
     window: int
     speech_heard: bool  # the listener's VAD hears speech in what the gate returned
 
-    def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
-        """One tick: what the caller's side sent, what we sent; returns what to listen to."""
+    def process(
+        self, heard: NDArray[np.int16], ours: NDArray[np.int16], *, learn: bool = True
+    ) -> NDArray[np.int16]:
+        """One tick: what the caller's side sent, what we sent (``learn`` False: a tone or
+        hold audio, nothing to learn the echo path from); returns what to listen to."""
         ...
 
     def caller_louder(self) -> bool:
@@ -88,6 +91,8 @@ class EchoGate:
         self._env: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # loudest
         self._left: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # residual
         self._est: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # echo taken
+        # ... and the echo the canceller expected but could not take out (it is lost)
+        self._unfitted: deque[float] = deque([0.0] * self.window, maxlen=self.window)
         self._above: deque[bool] = deque([False] * self.window, maxlen=self.window)
         self._mic: deque[float] = deque([0.0] * self.window, maxlen=self.window)  # heard
         # the line's noise floor: the quietest residual tick of the last 1.5 s (speech, ours
@@ -117,8 +122,12 @@ class EchoGate:
         self.speech_heard = False
         self._prior = prior
 
-    def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
-        res = self.canceller.process(heard, ours)
+    def process(
+        self, heard: NDArray[np.int16], ours: NDArray[np.int16], *, learn: bool = True
+    ) -> NDArray[np.int16]:
+        """``learn`` False: ``ours`` is a tone or hold audio (see EchoCanceller.process):
+        its echo is taken out, but neither the canceller nor the bounds learn from it."""
+        res = self.canceller.process(heard, ours, learn=learn)
         e_ours = float(np.dot(ours.astype(np.float64), ours))
         e_left = float(np.dot(res, res))
         self._ours.append(e_ours)
@@ -127,6 +136,7 @@ class EchoGate:
         self._mic.append(float(np.dot(heard.astype(np.float64), heard)))
         echo = self.canceller.echo
         self._est.append(float(np.dot(echo, echo)))
+        self._unfitted.append(self.canceller.unfitted)
         self.residual_db = float(10 * np.log10(e_left / (32768.0**2 * res.size) + 1e-12))
         # this tick on its own against the echo it may hold (half the margin): a barge-in
         # needs half the window's ticks above it, so a click or a cough (a tick or two,
@@ -138,7 +148,12 @@ class EchoGate:
         self._recent.append(max(e_left, _QUIET))
         self._noise = _NOISE_OVER_MIN * min(self._recent)
         self._above.append(e_left > self._margin**0.5 * (echo_now + self._noise))
-        if self.canceller.active and not confused and not self.caller_louder():
+        if (
+            self.canceller.active
+            and self.canceller.learning
+            and not confused
+            and not self.caller_louder()
+        ):
             self._learn()
         out: NDArray[np.int16] = np.clip(np.rint(res), -32768, 32767).astype(np.int16)
         return out
@@ -179,9 +194,13 @@ class EchoGate:
         our own voice 3 dB down counts (the old rule, a little stricter). A caller over a
         canceller that works leaves it far from this: the residual is them, and what came
         back is much more than the estimate (a loud caller) or than the residual (a quiet
-        one)."""
+        one). An estimate that fitted nothing (not taken out: the residual is what came back)
+        counts as taken out for this: measured, a reply's echo 20 ms off the filters' (whole
+        partitions away from none) was left whole and, the gate not confused, stopped the
+        reply as the caller."""
         mic, left = sum(self._mic), sum(self._left)
-        return sum(self._est) > 0.5 * mic and mic < 4.0 * left
+        expected = sum(self._est) + sum(self._unfitted)
+        return expected > 0.5 * mic and mic < 4.0 * left
 
     def caller_now(self) -> bool:
         return self._above[-1]
@@ -214,7 +233,9 @@ class LoudnessGate:
         self._heard: deque[float] = deque([0.0], maxlen=self.window)
         self.speech_heard = False  # (not used: nothing is learnt)
 
-    def process(self, heard: NDArray[np.int16], ours: NDArray[np.int16]) -> NDArray[np.int16]:
+    def process(
+        self, heard: NDArray[np.int16], ours: NDArray[np.int16], *, learn: bool = True
+    ) -> NDArray[np.int16]:
         self._ours.append(float(np.mean(ours.astype(np.float64) ** 2)))
         self._heard.append(float(np.mean(heard.astype(np.float64) ** 2)))
         return heard

@@ -20,29 +20,31 @@ two filters (Ochiai's two-path canceller): a background filter that always adapt
 foreground filter that makes the output and only takes the background's coefficients
 when those cancel clearly better. A wandering background is reset from the foreground.
 
-The echo path's delay jumps over a call, by whole 20 ms frames: the caller's phone plays
-our packets by RTP timestamp and sends its frames on its own clock, our jitter buffer hands
-the agent one of them per tick, and the agent counts its reference in those ticks; at a
-talkspurt's start our send grid restarts and the agent's tick and our send clock move apart
-by a frame, and the jitter buffers on both ends grow and shrink by frames as they adapt
+The echo path's delay jumps over a call: the caller's phone plays our packets by RTP
+timestamp and sends its frames on its own clock, our jitter buffer hands the agent one of
+them per tick, and the agent counts its reference in those ticks; the jitter buffers on
+both ends grow and shrink by frames as they adapt, and at a talkspurt's start our send grid
+restarts, moving our send clock against the agent's tick by a fraction of a frame
 (measured over loopback SIP calls with the wire caller's line echo: 180, 160, 140, 200 ms
-from one reply to the next, and 340 then 180 ms when our jitter buffer released after the
-greeting). A filter converged on one delay then cancels nothing, and relearning with the
-small steps of a converged filter took seconds, its residual echo meanwhile loud enough to
-pass for the caller. So while the foreground leaves much of what comes back, its echo
-partitions are also tried at every other place in the tail (one small batch of FFTs): a
-place that cancels far better, and takes out at least half of what came back, is the echo
-moved by that many frames (the caller's speech, the same in every trial, cannot make one
-better), and both filters move there, converged at once (:attr:`shifts`). During such a
-spell neither filter learns for a few blocks: the background would learn the echo's absence
-at the old delay, and the foreground, the one that moves, would take it. Nor while what
-comes back is a hole, 10 dB or more under the echo expected (a phone muted, its jitter
-buffer growing, an echo suppressor clamping): learning that absence forgot the echo, and
-learning it again took 1-2.5 s once it was back (2-7 dB taken out in the first second
+from one reply to the next, 340 then 180 ms when our jitter buffer released after the
+greeting, 210 then 187 ms from a reply to the ringback after it). A filter converged on
+one delay then cancels nothing, and relearning with the small steps of a converged filter
+took seconds, its residual echo meanwhile loud enough to pass for the caller. So while the
+foreground leaves much of what comes back, its echo response is also tried at every other
+delay in the tail, to the sample (one FFT convolution of the tail's reference, then a
+correlation with what came back): a delay that cancels far better, and takes out at least
+half of what came back, is the echo moved (the caller's speech, the same in every trial,
+cannot make one better), and both filters move there, converged at once (:attr:`shifts`).
+During such a spell neither filter learns for a few blocks: the background would learn the
+echo's absence at the old delay, and the foreground, the one that moves, would take it. Nor
+while what comes back is a hole, 10 dB or more under the echo expected (a phone muted, its
+jitter buffer growing, an echo suppressor clamping): learning that absence forgot the echo,
+and learning it again took 1-2.5 s once it was back (2-7 dB taken out in the first second
 after a 1 s hole, against 30 dB before it). The filters wait through up to 2 s of a hole
 unchanged. Nor do they learn, or promote, for a tail's length after the caller barges in
-(:meth:`caller_talking`): our last words then fade under their speech, and no block is
-echo alone.
+(:meth:`caller_talking`): our last words then fade under their speech, and no block is echo
+alone. Nor while the echo's partitions hold a tone (ringback, a pip: ``learn=False`` in
+:meth:`process`), which teaches a filter its own frequencies only.
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ _HOLE = 0.1  # what came back is under this share of the echo expected: the echo
 _HOLE_HOLD = 100  # blocks (2 s) of missing echo the filters wait through unchanged
 _SHIFT_FLOOR = 1e-6 * 32768.0**2  # per sample: what came back (or was expected) >= -60 dBFS
 _IDLE, _TRYING, _MOVED = 0, 1, 2
+_WIDEST = 5  # partitions: the locator's window (4), and one more once moved by a fraction
 _QUIET_REF = 1e-6 * 32768.0**2  # per sample: reference under -60 dBFS teaches nothing
 _NO_EVIDENCE = 1e-3  # the filters' estimates differ 30 dB under the error: compare nothing
 
@@ -119,6 +122,10 @@ class EchoCanceller:
         # which of the last blocks (newest first) carried our voice: a partition's
         # coherence counts once its reference held our voice over half the locator's horizon
         self._voiced: NDArray[np.bool_] = np.zeros(p + _LOCATE_BLOCKS, bool)
+        # which of the tail's blocks (newest first) were given with learn=False: a tone
+        self._tones: NDArray[np.bool_] = np.zeros(p, bool)
+        #: The last block was learnt from (False while a tone is in the echo's partitions).
+        self.learning = True
         #: The partitions that hold the echo (bulk delay found); None: not known yet, the
         #: whole tail adapts.
         self.window: tuple[int, int] | None = None
@@ -135,14 +142,21 @@ class EchoCanceller:
         #: The echo estimate of the last block (what was subtracted), for the caller's
         #: residual-echo bookkeeping; zeros while idle.
         self.echo: _F64 = np.zeros(block)
+        #: The energy of the last block's estimate when it was not subtracted because it
+        #: fitted nothing that came back (0 otherwise, and in a hole: the echo missing).
+        #: The filters are lost; the caller's bookkeeping must know (see EchoGate.confused).
+        self.unfitted = 0.0
         self.copies = 0  # background -> foreground copies (convergence steps taken)
         self.resets = 0  # foreground -> background resets (the background wandered off)
         self.shifts = 0  # the echo's delay jumped and the filters followed (see _follow)
-        self._shift_err: _F64 = np.zeros(p)  # per place the echo's partitions may move to
+        # per start (in samples) the echo's response may move to
+        self._shift_err: _F64 = np.zeros(p * block + 1)
+        # the reference's last samples: the tail and two blocks more (oldest first)
+        self._history: _F64 = np.zeros((p + 2) * block)
         self._shift_blocks = 0  # blocks of the current spell of poor cancelling
         self._shift_evidence = 0  # ... in which something came back
         self._shift_mic = 0.0  # what came back in them (smoothed as _shift_err)
-        self._shift_from = 0  # the echo's first partition when the spell began
+        self._shift_from = (0, 0)  # the echo's partitions when the spell began
         self._hole_blocks = 0  # blocks in a row in which our echo was missing (see _follow)
         self._frozen = 0  # blocks left in which nothing is learnt (see caller_talking)
 
@@ -172,9 +186,18 @@ class EchoCanceller:
         pass for the caller going on)."""
         self._frozen = self.partitions
 
-    def process(self, mic: NDArray[np.generic], ref: NDArray[np.generic]) -> _F64:
+    def process(
+        self, mic: NDArray[np.generic], ref: NDArray[np.generic], *, learn: bool = True
+    ) -> _F64:
         """``mic``: the block heard; ``ref``: the block we sent on the same tick (zeros
-        when silent). Returns the residual, float64 on the input's scale."""
+        when silent). Returns the residual, float64 on the input's scale.
+
+        ``learn`` False: ``ref`` is a tone (ringback, a pip) or hold audio. Its echo is
+        cancelled with what the filters know, but until it has left the echo's partitions
+        nothing is learnt, compared, followed or located: a tone pair teaches the filter its
+        two frequencies only, and excites every place of the tail alike (measured over a
+        call with echo: a filter adapted and promoted on 300 ms of ringback whose delay had
+        moved cancelled none of the apology after it, which was taken for the caller)."""
         n = self.block
         d = np.asarray(mic, dtype=np.float64)
         x = np.asarray(ref, dtype=np.float64)
@@ -183,6 +206,7 @@ class EchoCanceller:
         silent = not x.any()
         if silent and self._idle >= self.partitions:
             self.echo = np.zeros(n)
+            self.unfitted = 0.0
             return d.copy()  # nothing of ours in the tail: the input is untouched
         self._idle = self._idle + 1 if silent else 0
         # the newest reference spectrum (overlap-save: previous block, this block)
@@ -196,9 +220,14 @@ class EchoCanceller:
         self._x[0] = spectra[0]
         self._x_pow[1:] = self._x_pow[:-1]
         self._x_pow[0] = spectra[0].real ** 2 + spectra[0].imag ** 2
+        self._history[:-n] = self._history[n:]
+        self._history[-n:] = x
         self._voiced[1:] = self._voiced[:-1]
         self._voiced[0] = not silent
-        self._locate(spectra[1])
+        self._tones[1:] = self._tones[:-1]
+        self._tones[0] = not learn and not silent
+        if not self._tones.any():
+            self._locate(spectra[1])
         estimates = self._estimates()
         y_fg: _F64 = estimates[0]
         y_bg: _F64 = estimates[1]
@@ -206,7 +235,12 @@ class EchoCanceller:
         e_bg = d - y_bg
         # (a moved echo is still followed while frozen: a reply that starts then must not
         # leave its echo where the filters no longer look)
-        follow = _IDLE if self.window is None else self._follow(d, e_fg)
+        lo, hi = self._span
+        self.learning = not self._tones[lo:hi].any()
+        if not self.learning:
+            follow = _TRYING  # (as while a move is tried: nothing learnt or compared)
+        else:
+            follow = _IDLE if self.window is None else self._follow(d, e_fg)
         frozen, self._frozen = self._frozen > 0, max(0, self._frozen - 1)
         if follow == _MOVED:
             y_fg = self._estimates()[0]  # the filters moved with the echo
@@ -216,12 +250,17 @@ class EchoCanceller:
             e_bg, y_bg = e_fg, y_fg  # reset: the background starts again from the foreground
         if follow != _TRYING and not frozen:  # (what comes back may not be where we look)
             self._adapt(e_bg, y_bg, float(np.dot(x, x)))
-        elif frozen:
+        elif frozen or not self.learning:
             self._note_reference(float(np.dot(x, x)))
-        if np.dot(e_fg, e_fg) > np.dot(d, d):
+        s_dd = float(np.dot(d, d))
+        self.unfitted = 0.0
+        if np.dot(e_fg, e_fg) > s_dd:
             # taking the estimate out adds to what came back: the echo it expects is not
             # there (a hole in the line, a path just moved). The residual would be our own
             # voice, negated; what came back is the better guess at the caller.
+            s_yy = float(np.dot(y_fg, y_fg))
+            if s_dd >= _HOLE * s_yy:  # something came back, and the filters fit none of it
+                self.unfitted = s_yy
             self.echo = np.zeros(n)
             return d.copy()
         self.echo = y_fg
@@ -248,11 +287,11 @@ class EchoCanceller:
             self._shift_blocks = 0
             return _IDLE
         lo, hi = self._span
-        if self._shift_blocks == 0 or self._shift_from != lo:
+        if self._shift_blocks == 0 or self._shift_from != (lo, hi):
             self._shift_err[:] = 0.0
             self._shift_mic = 0.0
             self._shift_evidence = 0
-            self._shift_from = lo
+            self._shift_from = (lo, hi)
         self._shift_blocks += 1
         # a hole: what came back is far under the echo expected; the filters wait (only
         # that: what little came back is still evidence of where the echo went)
@@ -261,32 +300,84 @@ class EchoCanceller:
         if s_dd < floor:  # nothing came back: no evidence of where
             return _TRYING if self._shift_blocks <= _SHIFT_HOLD else hold
         self._shift_evidence += 1
-        n, p, w = self.block, self.partitions, hi - lo
-        # the echo's partitions placed at q = 0 .. p - w, all at once: the estimate of each
-        # place is the same filter over the reference that many blocks older or newer
-        places = np.lib.stride_tricks.sliding_window_view(self._x, w, axis=0)  # (q, k, w)
-        spectra = np.einsum("qkw,wk->qk", places, self._fg[lo:hi])
-        trial = mic[None, :] - np.fft.irfft(spectra, 2 * n, axis=1)[:, n:]
-        errs = self._shift_err[: p - w + 1]
+        taps = self._taps()
+        reach = self.partitions * self.block - taps.size  # the latest start it can take
+        errs = self._shift_err[: reach + 1]
         errs *= 0.5
-        errs += np.einsum("qn,qn->q", trial, trial)
+        errs += self._trial(taps, mic)
         self._shift_mic = 0.5 * self._shift_mic + s_dd
         best = int(np.argmin(errs))
+        now = lo * self.block
         if (
             self._shift_evidence >= _SHIFT_BLOCKS
-            and best != lo
-            and errs[best] <= _SHIFT_BETTER * errs[lo]
+            and best != now
+            and errs[best] <= _SHIFT_BETTER * errs[now]
             and errs[best] <= 0.5 * self._shift_mic  # it cancels what came back
         ):
-            self._move(best - lo)
+            self._move_to(best, taps)
             return _MOVED
         return _TRYING if self._shift_blocks <= _SHIFT_HOLD else hold
+
+    def _taps(self) -> _F64:
+        """The foreground's echo response over the echo's partitions, in samples: it starts
+        ``window[0] * block`` samples late (each partition's first ``block`` taps: the
+        gradient constraint keeps the rest near zero)."""
+        lo, hi = self._span
+        taps: _F64 = np.fft.irfft(self._fg[lo:hi], 2 * self.block, axis=1)[:, : self.block]
+        return taps.ravel()
+
+    def _trial(self, taps: _F64, mic: _F64) -> _F64:
+        """What ``taps`` leave of ``mic`` (its energy) started at each delay 0 .. tail -
+        taps, in samples, at once: the echo estimate for a start of D samples is the
+        reference convolved with them, D samples back (one FFT convolution of the tail's
+        reference, then a correlation with what came back and a running energy)."""
+        n = self.block
+        hist = self._history
+        reach = self.partitions * n - taps.size
+        size = 1 << int(hist.size + taps.size - 1).bit_length()
+        full = np.fft.irfft(np.fft.rfft(hist, size) * np.fft.rfft(taps, size), size)
+        # v[m: m + n]: this block's estimate for a start of reach - m samples
+        v = full[hist.size - n - reach : hist.size]
+        cross = np.correlate(v, mic, "valid")
+        sq = np.concatenate([[0.0], np.cumsum(v * v)])
+        energy = sq[n:] - sq[:-n]
+        left: _F64 = (float(np.dot(mic, mic)) - 2.0 * cross + energy)[::-1]
+        return np.maximum(left, 0.0)
+
+    def _move_to(self, start: int, taps: _F64) -> None:
+        """The echo now starts ``start`` samples late: the filters take ``taps`` there
+        (a whole number of blocks away: the partitions as they are)."""
+        n, p = self.block, self.partitions
+        lo = self._span[0]
+        k, part = divmod(start - lo * n, n)
+        if part == 0:
+            self._move(k)
+            return
+        response = np.zeros(p * n)
+        response[start : start + taps.size] = taps
+        first, last = start // n, min(p, -(-(start + taps.size) // n))
+        blocks = np.zeros((last - first, 2 * n))
+        blocks[:, :n] = response[first * n : last * n].reshape(-1, n)
+        spectra = np.fft.rfft(blocks, axis=1)
+        if last - first > _WIDEST:  # one partition more than the echo had: the weaker end
+            if np.vdot(spectra[0], spectra[0]).real < np.vdot(spectra[-1], spectra[-1]).real:
+                first, spectra = first + 1, spectra[1:]
+            else:
+                last, spectra = last - 1, spectra[:-1]
+        self._place(spectra, first)
+        self._roll_statistics(round((start - lo * n) / n))
 
     def _move(self, k: int) -> None:
         """The echo now comes ``k`` blocks later (earlier, if negative): so do the filters
         (the echo's partitions, as tried: nothing else) and the locator's statistics."""
-        p = self.partitions
         self._move_filters(k)
+        self._roll_statistics(k)
+
+    def _roll_statistics(self, k: int) -> None:
+        """The locator's statistics, ``k`` blocks later (the echo moved)."""
+        p = self.partitions
+        if k == 0:
+            return
         self._cross[:] = np.roll(self._cross, k, axis=0)
         if k > 0:
             self._cross[:k] = 0.0
@@ -298,11 +389,15 @@ class EchoCanceller:
         """Both filters' echo partitions (the window's), ``k`` blocks later, and the window
         with them: the foreground is the same echo path, only later."""
         lo, hi = self._span
-        echo = self._fg[lo:hi].copy()
+        self._place(self._fg[lo:hi].copy(), lo + k)
+
+    def _place(self, echo: _C128, first: int) -> None:
+        """Both filters become ``echo`` (partitions) from partition ``first`` on, nothing
+        elsewhere; the window is there. A move (:attr:`shifts`): the test starts over."""
         self._fg[:] = 0.0
-        self._fg[lo + k : hi + k] = echo
+        self._fg[first : first + len(echo)] = echo
         self._bg[:] = self._fg
-        self.window = (lo + k, hi + k)
+        self.window = (first, first + len(echo))
         self._fg_live = self._bg_live = self.window
         self._avg1 = self._avg2 = self._var1 = self._var2 = 0.0
         self._shift_blocks = 0

@@ -49,6 +49,10 @@ class ReplyPlayout:
         # write_background); and where the reply's audio began in the last tick
         self._background: deque[NDArray[np.int16]] = deque()
         self._reply_from = 0
+        self._tones: list[tuple[int, int]] = []  # where a tone lies on the reply's timeline
+        #: The last tick's samples held ringback, hold audio or a tone: nothing an echo
+        #: canceller can learn the line from (see EchoCanceller.process).
+        self.last_tone = False
 
     @property
     def last_played(self) -> int:
@@ -88,6 +92,8 @@ class ReplyPlayout:
             return
         waiting = self._sentences.pop() if self._sentences and self._open_last() else None
         self._sentences.append(_Sentence(text, self.written, self.written + pcm.size))
+        if not text:
+            self._tones.append((self.written, self.written + pcm.size))
         self._audio.append(pcm)
         self.written += pcm.size
         if waiting is not None:
@@ -122,6 +128,7 @@ class ReplyPlayout:
             else:
                 self._background.popleft()
         start = self._reply_from = filled
+        self.last_tone = filled > 0
         if self._tail.size or self.paused:  # held: the fade, then silence
             k = min(n - start, self._tail.size)
             out[start : start + k] = self._tail[:k]
@@ -138,7 +145,10 @@ class ReplyPlayout:
                 self._audio.popleft()
                 self._offset = 0
         played = self._played = filled - start
-        self.head += played
+        before, self.head = self.head, self.head + played
+        if played and self._tones:
+            self._tones = [t for t in self._tones if t[1] > before]  # (the rest played)
+            self.last_tone = self.last_tone or any(a < self.head for a, _ in self._tones)
         if played:
             self._recent.append(out[start:filled].copy())
             self._recent_size += played
@@ -238,6 +248,7 @@ class ReplyPlayout:
     def reset(self) -> None:
         self.paused = False
         self._background.clear()
+        self._tones.clear()
         self._tail = np.zeros(0, np.int16)
         self._recent.clear()
         self._recent_size = 0

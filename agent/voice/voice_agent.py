@@ -310,7 +310,8 @@ class VoiceAgent(Agent):
         now = time.monotonic()
         # the caller's side less the echo of what went out this tick: all we listen to
         self.gate.speech_heard = self._user_speaking
-        pcm = self.gate.process(pcm, self.playout.play(pcm.size))
+        ours = self.playout.play(pcm.size)
+        pcm = self.gate.process(pcm, ours, learn=not self.playout.last_tone)
         if self._busy and self._voice_from is None and self.playout.last_played:
             self._voice_from = self._tick
         self._flow_tick(now)
