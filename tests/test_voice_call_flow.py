@@ -310,9 +310,12 @@ def test_a_refused_transfer_over_a_line_with_echo_is_apologised_for_once(
     config: BridgeConfig, target_port: int
 ) -> None:
     """The line sends our voice back (6 dB down, 150 ms late): the ringback's too, which
-    must be in the echo canceller's reference like our words. Before it was, the ringback's
-    echo under the apology passed for the caller: the apology was cut and said again,
-    over and over ("sorry sorry sorry ..." in every echo cell of bench/conversations.py)."""
+    is in the echo canceller's reference like our words (learnt from by nothing), and the
+    apology after it, whose echo may come back a fraction of a frame earlier or later
+    than the reply's before it (our send grid restarts). In bench/conversations.py's echo
+    cells the apology was cut by its own echo and said again, over and over ("sorry sorry
+    sorry ..."); this call did not always come out that way before the fix, so the bench's
+    transfer_rejected cells are the before/after figure (README, Conversations)."""
     agents: list[VoiceAgent] = []
 
     async def script(server: BridgeServer, c: WireCaller) -> dict[str, Any]:
