@@ -243,6 +243,22 @@ def _ring_summary(c: WireCaller, since: float) -> tuple[list[float], float]:
     return bursts, first
 
 
+async def _ask_for_a_person(config: BridgeConfig, c: WireCaller) -> float:
+    """After the greeting, key 0; returns when the key went, once the transfer is decided
+    (rejected: the apology follows), the caller left, or the reply (~4 s) and up to
+    [transfer] timeout_s of ringing are over."""
+    loop = asyncio.get_running_loop()
+    await answer(c, 0.0)
+    key = await c.press_all("0")
+    end = key + 4.0 + config.transfer.timeout_s + 1.0
+    while loop.time() < end and not c.ended.is_set():
+        progress = c.transfer.progress if c.transfer is not None else []
+        if progress and progress[-1] >= 300:
+            break
+        await asyncio.sleep(0.1)
+    return key
+
+
 @pytest.mark.parametrize(
     ("scenario", "outcome"),
     [
@@ -255,18 +271,9 @@ def test_a_transfer_plays_ringback_until_the_target_answers_rejects_or_never_ans
     config: BridgeConfig, target_port: int, scenario: str, outcome: str
 ) -> None:
     async def script(server: BridgeServer, c: WireCaller) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
         uas = await start_sipp(scenario, None, "-p", str(target_port), "-m", "1", timeout=40)
         try:
-            await answer(c, 0.0)
-            key = await c.press_all("0")
-            # the reply (~4 s), then up to [transfer] timeout_s (6 s) of ringing
-            end = key + 4.0 + config.transfer.timeout_s + 1.0
-            while loop.time() < end and not c.ended.is_set():
-                progress = c.transfer.progress if c.transfer is not None else []
-                if progress and progress[-1] >= 300:
-                    break  # rejected: what follows is the apology
-                await asyncio.sleep(0.1)
+            key = await _ask_for_a_person(config, c)
             if not c.ended.is_set():
                 await quiet(c, 2.0, 30.0)
             heard = await transcribe(config, np.concatenate(c.log.heard))
@@ -319,18 +326,10 @@ def test_a_refused_transfer_over_a_line_with_echo_is_apologised_for_once(
     agents: list[VoiceAgent] = []
 
     async def script(server: BridgeServer, c: WireCaller) -> dict[str, Any]:
-        loop = asyncio.get_running_loop()
         uas = await start_sipp("uas_target_busy.xml", None, "-p", str(target_port), "-m", "1",
                                timeout=40)  # fmt: skip
         try:
-            await answer(c, 0.0)
-            key = await c.press_all("0")
-            end = key + 4.0 + config.transfer.timeout_s + 1.0
-            while loop.time() < end and not c.ended.is_set():
-                progress = c.transfer.progress if c.transfer is not None else []
-                if progress and progress[-1] >= 300:
-                    break
-                await asyncio.sleep(0.1)
+            await _ask_for_a_person(config, c)
             await quiet(c, 2.0, 30.0)
             return {"heard": await transcribe(config, np.concatenate(c.log.heard))}
         finally:
