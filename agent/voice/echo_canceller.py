@@ -1,3 +1,5 @@
+# size: one canceller whose parts (the two filters, the locator, the delay follower) share
+#       the same spectra, history and window every block; split, each would reach into the rest
 """Line echo canceller: our own voice, as the line sends it back, taken out of what we hear.
 
 A 2-wire line (a hybrid, a cheap handset, a speakerphone) returns the agent's voice 6-20 dB
