@@ -362,7 +362,8 @@ class EchoCanceller:
         blocks[:, :n] = response[first * n : last * n].reshape(-1, n)
         spectra = np.fft.rfft(blocks, axis=1)
         if last - first > _WIDEST:  # one partition more than the echo had: the weaker end
-            if np.vdot(spectra[0], spectra[0]).real < np.vdot(spectra[-1], spectra[-1]).real:
+            ends = _energies(spectra[[0, -1]])
+            if ends[0] < ends[1]:
                 first, spectra = first + 1, spectra[1:]
             else:
                 last, spectra = last - 1, spectra[:-1]
@@ -421,8 +422,7 @@ class EchoCanceller:
         self._cross += product
         self._ref_pow += a * (self._x_pow - self._ref_pow)
         self._mic_pow += a * (mic.real**2 + mic.imag**2 - self._mic_pow)
-        parts = self._cross.view(np.float64)  # (re, im) pairs: |cross|^2 in one product
-        num = np.einsum("pk,pk->p", parts, parts)
+        num = _energies(self._cross)  # |cross|^2, per partition
         den = self._ref_pow @ self._mic_pow + 1.0
         self.coherence = num / den
         self._heard_ours += 1
@@ -466,16 +466,14 @@ class EchoCanceller:
 
     def _holds_echo(self, window: tuple[int, int]) -> bool:
         """``window`` holds nine tenths of the foreground's energy, or more."""
-        parts = self._fg.view(np.float64)
-        size = np.einsum("pk,pk->p", parts, parts)
+        size = _energies(self._fg)
         return float(size[window[0] : window[1]].sum()) >= 0.9 * float(size.sum())
 
     def _offset_to(self, coherence: _F64) -> int:
         """How many blocks later (earlier, if negative) the foreground's echo partitions lie
         best over ``coherence``: 0 unless a move fits it clearly better (_LOCATE_RATIO)."""
         lo, hi = self._span
-        parts = self._fg[lo:hi].view(np.float64)
-        size = np.einsum("pk,pk->p", parts, parts)
+        size = _energies(self._fg[lo:hi])
         moves = range(-lo, self.partitions - hi + 1)
         fits = np.array([float(size @ coherence[lo + k : hi + k]) for k in moves])
         best = int(np.argmax(fits))
@@ -511,8 +509,7 @@ class EchoCanceller:
         # once the echo is found, over its partitions only (the others stay zero)
         lo, hi = self._span
         bg, xs = self._bg[lo:hi], self._x[lo:hi]
-        parts = bg.view(np.float64)
-        size = np.sqrt(np.einsum("pk,pk->p", parts, parts))
+        size = np.sqrt(_energies(bg))
         total = float(size.sum())
         m = hi - lo
         if total <= 0.0:
@@ -639,3 +636,11 @@ class EchoCanceller:
             self._avg1 = self._avg2 = self._var1 = self._var2 = 0.0
             return True
         return False
+
+
+def _energies(partitions: _C128) -> _F64:
+    """Each partition's energy (the sum of its bins' squared magnitudes), as (re, im) pairs
+    in one product."""
+    parts = np.ascontiguousarray(partitions).view(np.float64)
+    out: _F64 = np.einsum("pk,pk->p", parts, parts)
+    return out
