@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DEVICES", "ModelSettings", "VoiceSettings"]
+__all__ = ["ASR_WEIGHTS", "DEVICES", "ModelSettings", "VoiceSettings"]
 
 DEVICES = ("auto", "cuda", "cpu")
+#: Moonshine's decoder as shipped (float) or with 8-bit matrix weights (about half the CPU
+#: per token; model_runtime.int8_matmuls). A GPU always runs the float one.
+ASR_WEIGHTS = ("float", "int8")
 
 
 @dataclass(frozen=True)
@@ -42,3 +45,4 @@ class ModelSettings:
     batch_vad: bool = True  # one VAD inference per tick for all calls
     phrase_cache_mb: int = 32  # rendered speech kept for reuse (agent.voice.phrase_cache); 0: off
     nice: int = 10  # model threads this much nicer than the media loop's: its frames go first
+    asr_weights: str = "int8"  # int8 | float: the ASR decoder's weights (ASR_WEIGHTS)

@@ -91,6 +91,10 @@ def _builtin_converter(name: str) -> Converter | None:
         from model_runtime.ort_convert import ort_to_onnx
 
         return ort_to_onnx
+    if name == "ort_to_onnx_int8":
+        from model_runtime.int8_matmuls import ort_to_onnx_int8
+
+        return ort_to_onnx_int8
     if name == "int8_weights_to_uint8":
         from model_runtime.unsigned_weights import int8_weights_to_uint8
 

@@ -48,6 +48,7 @@ def _write(tmp_path: Path, text: str) -> Path:
         ('[rtp]\nsymmetric = "maybe"\n', 2, "rtp.symmetric", "off, auto, on"),
         ('[models]\ndevice = "tpu"\n', 2, "models.device", "not one of auto, cuda, cpu"),
         ("[models]\nthreads = 0\n", 2, "models.threads", "must be 1..64"),
+        ('[models]\n\nasr_weights = "int4"\n', 3, "models.asr_weights", "not one of float, int8"),
         ("[agent.voice]\necho_margin_db = 90\n", 2, "agent.voice.echo_margin_db", "must be 0..60"),
         ('[agent.voice]\nprofile = "nope.toml"\n', 2, "agent.voice.profile", "no such file"),
         ("[agent.voice]\nbarge_ms = 1\n", 2, "agent.voice.barge_ms", "unknown key"),

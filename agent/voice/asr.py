@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import logging
 import math
 import re
 import threading
@@ -36,7 +37,11 @@ __all__ = [
     "framed",
 ]
 
+log = logging.getLogger(__name__)
+
 MODEL = "moonshine-base-en"
+#: The decoder's file in the store, by ``[models] asr_weights``.
+_DECODERS = {"float": "decoder_model_merged.onnx", "int8": "decoder_model_merged-int8.onnx"}
 _START, _EOS = 1, 2
 _TOKENS_PER_S = 6.5  # Moonshine's own cap; fast English speech is ~4-5 tokens/s
 _MIN_S = 0.1  # shorter audio is below what the encoder's convolutions accept
@@ -59,6 +64,13 @@ def _store_path(name: str) -> Path:
     from model_runtime.store import default_store  # lazy: explicit paths need no store
 
     return Path(default_store().path(MODEL, name))
+
+
+def _gpu(device: str) -> bool:
+    """Whether ``device`` puts the sessions on a GPU here."""
+    from model_runtime.sessions import CPU, Device, select_providers
+
+    return select_providers(cast(Device, device))[0] != CPU
 
 
 def _session(path: Path, threads: int, device: str) -> Any:
@@ -160,9 +172,17 @@ class MoonshineAsr:
         *,
         threads: int = 1,
         device: str = "auto",
+        weights: str = "float",
     ) -> None:
+        """``weights``: "int8" takes the decoder with 8-bit matrix weights
+        (:mod:`model_runtime.int8_matmuls`) where it runs on the CPU; a GPU runs the float
+        one (its integer kernels are no faster there)."""
+        if weights == "int8" and _gpu(device):
+            log.info("asr_weights int8: a GPU is there, the float decoder runs on it")
+            weights = "float"
+        self.weights = weights
         enc = Path(encoder) if encoder else _store_path("encoder_model.onnx")
-        dec = Path(decoder) if decoder else _store_path("decoder_model_merged.onnx")
+        dec = Path(decoder) if decoder else _store_path(_DECODERS[weights])
         tok = Path(tokenizer) if tokenizer else _store_path("tokenizer.json")
         self.encoder = _session(enc, threads, device)
         self.decoder = _session(dec, threads, device)

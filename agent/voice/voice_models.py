@@ -122,7 +122,7 @@ class VoiceModels:
             s.nice,
             lambda: (
                 turn or SmartTurn(threads=s.threads),
-                asr or MoonshineAsr(threads=s.threads, device=device),
+                asr or MoonshineAsr(threads=s.threads, device=device, weights=s.asr_weights),
                 tts or PiperTts(threads=s.threads, length_scale=length_scale, device=device),
             ),
         )

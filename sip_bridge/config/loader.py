@@ -15,7 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from agent.voice_settings import DEVICES, ModelSettings
+from agent.voice_settings import ASR_WEIGHTS, DEVICES, ModelSettings
 from sip_bridge.config.config_sections import (
     build_http,
     build_load,
@@ -159,6 +159,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "batch_vad": (bool,),
         "phrase_cache_mb": (int,),
         "nice": (int,),
+        "asr_weights": (str,),
     },
     "agent.echo": {"delay_s": (int, float)},
     "agent.tone": {"freq_hz": (int, float), "level_dbfs": (int, float)},
@@ -421,6 +422,7 @@ def _build(data: dict[str, Any], text: str, p: str) -> BridgeConfig:
     load = build_load(data.get("load", {}), text, p)
     models = ModelSettings(**data.get("models", {}))
     _choice(models.device, DEVICES, text, p, "models.device")
+    _choice(models.asr_weights, ASR_WEIGHTS, text, p, "models.asr_weights")
     for key in ("threads", "workers"):
         if not 1 <= getattr(models, key) <= 64:
             raise ConfigError(p, _line_of(text, "models", key), f"models.{key}", "must be 1..64")
