@@ -219,7 +219,7 @@ def summarise(results: list[CallResult]) -> dict[str, Any]:
     failures: dict[str, int] = {}
     for r in results:
         if r.outcome == "failed":
-            why = re.sub(r"\d+(\.\d+)?", "N", r.reason)
+            why = f"{r.script}: " + re.sub(r"(?<!step )\b\d+(\.\d+)?", "N", r.reason)
             failures[why] = failures.get(why, 0) + 1
     return {
         "placed": len(results),
