@@ -99,6 +99,24 @@ def test_the_goodbye_after_pauses_is_never_lost(pause_ms: int) -> None:
         assert not _spoke_in_pauses(sim, 1), "the agent spoke in the pause"
 
 
+def test_a_goodbye_said_over_our_closing_is_answered_and_the_call_ends() -> None:
+    """The demo's pauses script: "Great, thanks. [0.8 s] That's all. [0.8 s] No thanks,
+    goodbye." Two merges in a row, then the 0.8 s pause (plus the VAD's lag) ends the turn
+    at max_silence_ms, and the caller's last words come over our goodbye and stop it.
+    Their words are answered (the dialogue goes on from before the goodbye they stopped)
+    and the call ends; before, the ended dialogue answered nothing and the line stayed
+    silent until the caller hung up."""
+    pieces = [
+        at_level(espeak_ng(text, "en-us"), -20)
+        for text in ("Great, thanks.", "That's all.", "No thanks, goodbye.")
+    ]
+    sim = asyncio.run(_say_with_pauses(pieces, 800))
+    assert any(isinstance(e, HangupEvent) for e in sim.out.events)
+    turns = _reported(sim)
+    assert turns and "goodbye" in turns[-1].agent_text.lower(), turns
+    assert all(t.caller_text for t in turns), turns
+
+
 def _spoke_in_pauses(sim: Sim, first: int | None = None, after_ms: int = 300) -> bool:
     """Did the agent send sound in a pause between the caller's pieces (the ``first`` ones),
     or ``after_ms`` into the next piece (a reply begun in the pause, before it was stopped)?

@@ -151,13 +151,34 @@ async def test_words_the_dialogue_cannot_use_yet_keep_the_wait() -> None:
 
 
 @aio
-async def test_a_goodbye_waits_for_the_end_of_turn_as_before() -> None:
-    """A reply that ends the call is not given early: the caller may say more, and a
-    hang-up cannot be taken back."""
+async def test_a_goodbye_the_dialogue_understood_ends_the_turn_after_400_ms_too() -> None:
+    """A reply that ends the call is given as early as any other (smart-turn scores
+    espeak's "No thanks, goodbye." 0.02-0.16): a caller who says more stops it before its
+    hang-up, and is answered (tests/test_turn_merge.py)."""
     async with Call() as c:
         spec = await _spoke_and_paused(c, "no thanks goodbye")
+        await c.tick(12)  # 320 ms of pause: not yet
+        assert not c.agent.turns and spec.engine.ended
+        await c.tick(4)
+        assert c.agent.turns[-1].reason == "understood"
+
+
+@aio
+async def test_a_whole_value_refused_ends_the_turn_after_400_ms() -> None:
+    """Five digits of an order that does not exist: a miss (it counts toward escalation),
+    but the caller has said all they meant to, so "I can't find order ..." comes after
+    400 ms of pause, not after max_silence_ms; four digits keep the wait."""
+    async with Call() as c:
+        await _spoke_and_paused(c, "where is my order")
+        await c.tick(16)
+        await c.drain()
+        spec = await _spoke_and_paused(c, "one two three four six")
+        await c.tick(16)
+        assert spec.engine.last_missed and spec.engine.last_refused
+        turn = c.agent.turns[-1]
+        assert (turn.reason, turn.text) == ("understood", "one two three four six")
+        await c.drain()
+        assert "can't find order" in c.transcript[-1][1]
+        spec = await _spoke_and_paused(c, "one two three four")
         await c.tick(30)
-        assert not c.agent.turns and spec.engine.ended and not spec.engine.last_missed
-        c.models.eot.fire = "timeout"
-        await c.tick()
-        assert c.agent.turns[-1].reason == "timeout"
+        assert c.agent.turns[-1] is turn and not spec.engine.last_refused

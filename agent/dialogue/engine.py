@@ -151,6 +151,9 @@ class DialogueEngine:
         self.misses = 0  # in a row
         self.unanswered = 0  # times in a row the caller said nothing when asked (no_input)
         self.last_missed = False  # the last turn was not understood (a fallback, a retry)
+        # ...or it was: a whole value the caller gave, refused (not found, not allowed). A
+        # miss all the same (it counts toward escalation), but the caller has finished
+        self.last_refused = False
         self.last_by_rules = False  # the last turn was answered by a rule (not the LLM)
         self.ended = False  # after a hang-up or transfer
         self._vars = {"caller": "", "callee": ""} | dict(profile.variables) | dict(variables)
@@ -210,7 +213,7 @@ class DialogueEngine:
 
     async def respond(self, text: str) -> AsyncIterator[ReplyPart]:
         """One caller turn (the ASR text)."""
-        self.last_missed = self.last_by_rules = False
+        self.last_missed = self.last_by_rules = self.last_refused = False
         self.unanswered = 0
         if self.ended or not text.strip():
             return
@@ -233,7 +236,7 @@ class DialogueEngine:
         """The caller spoke at length and the ASR made no words of it (too quiet, a burst
         of loss): they are asked again as for words not understood, with the slot's retry
         or the fallback, and it counts toward escalation. Nothing once the call ends."""
-        self.last_missed = self.last_by_rules = False
+        self.last_missed = self.last_by_rules = self.last_refused = False
         self.unanswered = 0
         if self.ended:
             return []
@@ -447,6 +450,7 @@ class DialogueEngine:
         why = self._problem(slot, heard.value, today)
         if why is not None:
             said = slot.invalid.render(values) if slot.invalid is not None else why
+            self.last_refused = True
             return self._miss(f"{said} {slot.retry.render(values)}")
         if needs_confirmation(slot, heard, confidence) and slot.confirm_prompt is not None:
             self._confirming = (slot.name, heard.value)
@@ -511,6 +515,7 @@ class DialogueEngine:
                 text = lk.not_found.render(values)
                 del self._filled[lk.key]
                 self._pending = lk.key
+                self.last_refused = True
                 return self._miss(text)
             values |= {f"{lk.alias}.{k}": v for k, v in row.items()}
         no = any(
