@@ -24,27 +24,15 @@ from __future__ import annotations
 
 import logging
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from model_runtime.ort_convert import ort_to_onnx
+from model_runtime.ort_convert import all_graphs, ort_to_onnx
 
 __all__ = ["ort_to_onnx_int8", "untie_transposed_weights"]
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    """``graph`` and every subgraph in it (If branches, loops' bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            for sub in attr.graphs:
-                yield from _graphs(sub)
 
 
 def untie_transposed_weights(model: onnx.ModelProto) -> int:
@@ -54,7 +42,7 @@ def untie_transposed_weights(model: onnx.ModelProto) -> int:
     Returns how many Transpose nodes were removed."""
     top = model.graph
     inits = {t.name: t for t in top.initializer}
-    graphs = list(_graphs(top))
+    graphs = list(all_graphs(top))
     consumers: dict[str, set[str]] = {}
     for g in graphs:
         for node in g.node:

@@ -17,7 +17,7 @@ import importlib
 import os
 import struct
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import onnx
 from numpy.typing import NDArray
 from onnx import helper, numpy_helper
 
-__all__ = ["ort_to_onnx"]
+__all__ = ["all_graphs", "node_subgraphs", "ort_to_onnx"]
 
 _ORT_FILE_ID = b"ORTM"  # flatbuffer file identifier at bytes 4..8
 
@@ -227,9 +227,8 @@ def _fold_constants(graph: onnx.GraphProto) -> int:
     used = set(graph_outputs)
     for node in keep:
         used.update(node.input)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == _A_GRAPH else list(attr.graphs):
-                used.update(_outer_names(sub))
+        for sub in node_subgraphs(node):
+            used.update(_outer_names(sub))
     originals = {t.name: t for t in graph.initializer}
     new_inits = [
         originals[name] if name in originals else numpy_helper.from_array(value, name)
@@ -243,24 +242,30 @@ def _fold_constants(graph: onnx.GraphProto) -> int:
     return folded
 
 
+def node_subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs a node holds as attributes (an If's branches, a Loop's body)."""
+    return [
+        sub
+        for attr in node.attribute
+        for sub in ([attr.g] if attr.type == _A_GRAPH else list(attr.graphs))
+    ]
+
+
+def all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph in it, at any depth, parents first."""
+    yield graph
+    for node in graph.node:
+        for sub in node_subgraphs(node):
+            yield from all_graphs(sub)
+
+
 def _outer_names(graph: onnx.GraphProto) -> set[str]:
     """Every name a subgraph reads (a superset of its outer-scope references)."""
-    names: set[str] = set()
-    for node in graph.node:
-        names.update(node.input)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == _A_GRAPH else list(attr.graphs):
-                names.update(_outer_names(sub))
-    return names
+    return {name for g in all_graphs(graph) for node in g.node for name in node.input}
 
 
 def _used_domains(graph: onnx.GraphProto, found: set[str]) -> set[str]:
-    for node in graph.node:
-        found.add(node.domain)
-        for attr in node.attribute:
-            for sub in [attr.g] if attr.type == _A_GRAPH else list(attr.graphs):
-                _used_domains(sub, found)
-    return found
+    return found | {node.domain for g in all_graphs(graph) for node in g.node}
 
 
 def _read_model(src: Path, data: bytes, fold: bool) -> onnx.ModelProto:
