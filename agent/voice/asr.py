@@ -177,6 +177,8 @@ class MoonshineAsr:
         """``weights``: "int8" takes the decoder with 8-bit matrix weights
         (:mod:`model_runtime.int8_matmuls`) where it runs on the CPU; a GPU runs the float
         one (its integer kernels are no faster there)."""
+        if weights not in _DECODERS:
+            raise ValueError(f"weights {weights!r}: expected one of {', '.join(_DECODERS)}")
         if weights == "int8" and _gpu(device):
             log.info("asr_weights int8: a GPU is there, the float decoder runs on it")
             weights = "float"
