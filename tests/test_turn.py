@@ -277,6 +277,8 @@ class ManualExecutor(Executor):
     def run_all(self) -> None:
         jobs, self.jobs = self.jobs, []
         for fut, fn, args in jobs:
+            if not fut.set_running_or_notify_cancel():  # cancelled while queued: not run
+                continue
             try:
                 fut.set_result(fn(*args))
             except Exception as exc:
@@ -300,13 +302,30 @@ def test_executor_verdict_arrives_without_blocking() -> None:
 
 
 def test_executor_stale_verdict_dropped_when_speech_resumes() -> None:
-    turn, ex = ScriptedTurn([0.95, 0.1]), ManualExecutor()
+    turn, ex = ScriptedTurn([0.1]), ManualExecutor()
     eot = EndOfTurn(turn, stop_s=0.2, max_silence_s=0.6, executor=ex)
     _drive(eot, "s" * 20 + "." * 10)
+    stale = ex.jobs[0][0]
     assert _drive(eot, "s" * 5) == []  # he goes on before the verdict came back
-    ex.run_all()  # says 0.95 about the old pause: must not end the new one
+    assert stale.cancelled()  # still queued: never run (the workers have other calls' jobs)
     assert _drive(eot, "." * 10) == []
     ex.run_all()  # the new pause: 0.1, so only the timeout ends it
+    assert len(turn.lengths) == 1
+    got = _drive(eot, "." * 20)
+    assert [(g[0], g[1].reason, g[1].probability) for g in got] == [(19, "timeout", 0.1)]
+
+
+def test_executor_verdict_already_running_is_ignored_when_speech_resumes() -> None:
+    turn, ex = ScriptedTurn([0.1]), ManualExecutor()
+    eot = EndOfTurn(turn, stop_s=0.2, max_silence_s=0.6, executor=ex)
+    _drive(eot, "s" * 20 + "." * 10)
+    running = ex.jobs[0][0]
+    assert running.set_running_or_notify_cancel()  # a worker took it
+    assert _drive(eot, "s" * 5) == []  # he goes on
+    running.set_result(0.95)  # about the old pause: must not end the new one
+    ex.jobs.pop(0)
+    assert _drive(eot, "." * 10) == []
+    ex.run_all()
     got = _drive(eot, "." * 20)
     assert [(g[0], g[1].reason, g[1].probability) for g in got] == [(19, "timeout", 0.1)]
 
