@@ -40,7 +40,7 @@ class ModelSettings:
 
     dir: str = ""  # model store; empty: $SIP_BRIDGE_MODELS, else ~/.cache/sip-bridge/models
     device: str = "auto"  # auto | cuda | cpu
-    threads: int = 2  # inference threads of the ASR, end-of-turn and TTS sessions
+    threads: int = 1  # inference threads of each ASR, end-of-turn and TTS run (x workers)
     workers: int = 2  # model jobs (ASR segments, TTS sentences) running at once
     batch_vad: bool = True  # one VAD inference per tick for all calls
     phrase_cache_mb: int = 32  # rendered speech kept for reuse (agent.voice.phrase_cache); 0: off

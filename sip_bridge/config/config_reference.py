@@ -85,7 +85,10 @@ MEANINGS: dict[str, str] = {
     "agent.playback.hangup_at_end": "hang up when it ends",
     "models.dir": "the model store; empty: `$SIP_BRIDGE_MODELS`, else ~/.cache/sip-bridge/models",
     "models.device": '`"auto"` (CUDA when there), `"cuda"` (refuse without) or `"cpu"`',
-    "models.threads": "threads of each ASR, end-of-turn and TTS session, 1..64",
+    "models.threads": (
+        "threads of each ASR, end-of-turn and TTS session, 1..64; `workers` x `threads`: "
+        "about the cores the models may have"
+    ),
     "models.workers": "model jobs of all calls running at once, 1..64",
     "models.batch_vad": "one VAD run per tick for all calls",
     "models.phrase_cache_mb": (
