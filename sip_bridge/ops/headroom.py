@@ -16,9 +16,15 @@ its callers notice: its turns get slow (the caller waits), or its CPUs have noth
   lags the calls it was measured with; 24 callers arriving over 20 s were all admitted
   before the 10 s average passed 90 %, and then none of them completed.
 
-Shedding starts when over budget and ends only when both figures are under ``resume_at``
-of their budgets and ``hold_s`` has passed (hysteresis: a node at its budget does not
-flap in and out of the dispatcher's set every probe).
+Shedding on the first two starts when over budget and ends only when both figures are
+under ``resume_at`` of their budgets and ``hold_s`` has passed (hysteresis: a node at its
+budget does not flap in and out of the dispatcher's set every probe). The third is a
+node at capacity, judged afresh at every new call and every second: one call ending
+makes room for one more. It once held too (the CPUs with one more call under
+``resume_at``), and at twice the calls a node could carry that drained it: the cost per
+call, measured with fewer and fewer calls, stayed over the band until almost none were
+left (76 s, 2 cores, 48 callers), then a dozen callers got in within 1.4 s, their turns
+all at once (11.5 calls in progress on average, turn p95 1090 ms).
 
 :class:`CpuMeter` is the I/O part: the busy share of the CPUs this process may run on,
 from ``/proc/stat`` (the node's, so model workers and other processes count), or this
@@ -48,7 +54,7 @@ class HeadroomFigures:
     """What the node measured of itself, for status, the console and metrics."""
 
     shedding: bool  # new calls get 503 now
-    over_budget: bool  # past a budget (sheds only with [load] shed = true)
+    over_budget: bool  # past a budget, or at capacity (sheds only with [load] shed = true)
     reason: str  # why over budget ("" when not)
     turns: int  # turns in the window
     turn_p95_ms: float | None  # None: fewer than min_turns
@@ -84,14 +90,16 @@ class Headroom:
         # (when, busy %, seconds, calls in progress)
         self._cpu: deque[tuple[float, float, float, int]] = deque()
         self.calls_now = 0  # calls in progress, as the node last said (calls_in_progress)
-        self.over_budget = False
+        self.over_budget = False  # past the turn or CPU budget: held (see the docstring)
+        self.at_capacity = False  # one more call would take the CPUs past cpu_pct
         self._since = -math.inf  # when shedding last started
-        self.reason = ""
+        self.reason = ""  # why new calls are refused ("" when they are not)
+        self._budget_reason = ""  # the held part of it
         self.latest = self._figures(None, None)  # as the last update() found them
 
     @property
     def shedding(self) -> bool:
-        return self.config.shed and self.over_budget
+        return self.config.shed and (self.over_budget or self.at_capacity)
 
     def turn(self, total_ms: float, now: float) -> None:
         """A turn answered: the caller's stop -> our reply on the wire."""
@@ -148,21 +156,25 @@ class Headroom:
                 why.append(f"turn p95 {turn_p95:.0f} ms > {c.turn_p95_ms:g} ms")
             if busy is not None and busy > c.cpu_pct:
                 why.append(f"CPU {busy:.0f} % > {c.cpu_pct:g} %")
-            elif after is not None and after > c.cpu_pct:
-                why.append(f"CPU {busy:.0f} %, with one more call {after:.0f} % > {c.cpu_pct:g} %")
             if why:
-                self.over_budget, self._since, self.reason = True, now, "; ".join(why)
+                self.over_budget, self._since, self._budget_reason = True, now, "; ".join(why)
+                if c.shed:
+                    log.warning("load: over budget (%s): new calls get 503", self._budget_reason)
         else:
             turns_ok = turn_p95 is None or turn_p95 <= c.resume_at * c.turn_p95_ms
             cpu_ok = busy is None or busy <= c.resume_at * c.cpu_pct
-            cpu_ok = cpu_ok and (after is None or after <= c.resume_at * c.cpu_pct)
             if turns_ok and cpu_ok and now - self._since >= c.hold_s:
-                self.over_budget, self.reason = False, ""
-        if self.shedding != was:
-            if self.shedding:
-                log.warning("load: over budget (%s): new calls get 503", self.reason)
-            else:
-                log.warning("load: back under budget: taking new calls")
+                self.over_budget, self._budget_reason = False, ""
+                if c.shed:
+                    log.warning("load: back under budget: taking new calls")
+        self.at_capacity = busy is not None and after is not None and after > c.cpu_pct
+        full = ""
+        if self.at_capacity:
+            full = f"CPU {busy:.0f} %, with one more call {after:.0f} % > {c.cpu_pct:g} %"
+        self.reason = "; ".join(r for r in (self._budget_reason, full) if r)
+        if self.shedding != was and not self.over_budget:  # at capacity or not: every call
+            log.debug("load: %s", "at capacity: new calls get 503" if self.shedding else
+                      "room for a call")  # fmt: skip
         self.latest = self._figures(turn_p95, busy, after)
         return self.shedding != was
 
@@ -182,7 +194,7 @@ class Headroom:
         )
         return HeadroomFigures(
             shedding=self.shedding,
-            over_budget=self.over_budget,
+            over_budget=self.over_budget or self.at_capacity,
             reason=self.reason,
             turns=len(self._turns),
             turn_p95_ms=None if turn_p95 is None else round(turn_p95, 1),
