@@ -273,6 +273,7 @@ class LoadOptions:
     gap_s: tuple[float, float] = (1.0, 4.0)  # a caller's pause between two calls
     level_dbfs: float = -20.0
     warmup: bool = True  # one call before the idle figures: the models' buffers grow on it
+    max_calls: int | None = None  # the bridge's --max-calls; None: twice the callers
 
 
 async def run_load(
@@ -283,7 +284,8 @@ async def run_load(
     duration = 60.0 * opts.minutes
     ramp = opts.ramp_s if opts.ramp_s is not None else min(20.0, duration / 4)
     with tempfile.TemporaryDirectory(prefix="agent-load-") as tmp:
-        args = ["--max-calls", str(max(2 * calls, 10)), "--metrics", "127.0.0.1:0"]
+        cap = opts.max_calls if opts.max_calls is not None else max(2 * calls, 10)
+        args = ["--max-calls", str(cap), "--metrics", "127.0.0.1:0"]
         t_start = time.monotonic()
         with shipped_bridge(Path(tmp) / "data", config=opts.config, args=args) as bridge:
             start_s = time.monotonic() - t_start
@@ -539,6 +541,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--level", type=float, default=-20.0, help="callers' speech level, dBFS")
     p.add_argument("--out", type=Path, default=OUT / "agent_load.json")
     p.add_argument(
+        "--max-calls",
+        type=int,
+        help="the bridge's calls in progress at most, one more gets 503 (default: twice "
+        "--calls): what a node sized from this bench is set to, for a run past it",
+    )
+    p.add_argument(
         "--phrase-cache-mb",
         type=int,
         help="run the config with this [models] phrase_cache_mb (0: off; a copy beside it)",
@@ -554,7 +562,14 @@ def main(argv: list[str] | None = None) -> int:
         copy = config.with_name(f".agent_load-{os.getpid()}.toml")
         copy.write_text(with_phrase_cache(config.read_text(), args.phrase_cache_mb))
         config = copy
-    opts = LoadOptions(args.minutes, config, args.seed, args.ramp_s, level_dbfs=args.level)
+    opts = LoadOptions(
+        args.minutes,
+        config,
+        args.seed,
+        args.ramp_s,
+        level_dbfs=args.level,
+        max_calls=args.max_calls,
+    )
     try:
         result = asyncio.run(run_all(counts, pick_scripts(args.scripts), opts))
     finally:
