@@ -149,7 +149,7 @@ class Headroom:
         c = self.config
         turn_p95, busy = self._turn_p95(), self._cpu_busy()
         after = self._cpu_next_call(busy)
-        was = self.shedding
+        was, held = self.shedding, self.over_budget
         if not self.over_budget:
             why = []
             if turn_p95 is not None and turn_p95 > c.turn_p95_ms:
@@ -158,21 +158,22 @@ class Headroom:
                 why.append(f"CPU {busy:.0f} % > {c.cpu_pct:g} %")
             if why:
                 self.over_budget, self._since, self._budget_reason = True, now, "; ".join(why)
-                if c.shed:
-                    log.warning("load: over budget (%s): new calls get 503", self._budget_reason)
         else:
             turns_ok = turn_p95 is None or turn_p95 <= c.resume_at * c.turn_p95_ms
             cpu_ok = busy is None or busy <= c.resume_at * c.cpu_pct
             if turns_ok and cpu_ok and now - self._since >= c.hold_s:
                 self.over_budget, self._budget_reason = False, ""
-                if c.shed:
-                    log.warning("load: back under budget: taking new calls")
         self.at_capacity = busy is not None and after is not None and after > c.cpu_pct
         full = ""
         if self.at_capacity:
             full = f"CPU {busy:.0f} %, with one more call {after:.0f} % > {c.cpu_pct:g} %"
         self.reason = "; ".join(r for r in (self._budget_reason, full) if r)
-        if self.shedding != was and not self.over_budget:  # at capacity or not: every call
+        if c.shed and self.over_budget != held:
+            if self.over_budget:
+                log.warning("load: over budget (%s): new calls get 503", self._budget_reason)
+            else:
+                log.warning("load: back under budget: taking new calls")
+        elif self.shedding != was:  # at capacity or not: it changes with every call
             log.debug("load: %s", "at capacity: new calls get 503" if self.shedding else
                       "room for a call")  # fmt: skip
         self.latest = self._figures(turn_p95, busy, after)
