@@ -11,6 +11,12 @@ import signal
 import sys
 from pathlib import Path
 
+# Hundreds of calls each doing tiny matrix products: BLAS worker threads only add wake-ups
+# and spinning. OpenBLAS reads this when numpy is first imported, which the config loader's
+# imports below already do (it was set in `run`, after them, and one thread spun
+# at 14 % of a core beside the media loop); an operator's own setting wins.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from sip_bridge import __version__
 from sip_bridge.config.config_files import LOOKUP, RUNTIME_DIR, ConfigChoice, find_config
 from sip_bridge.config.loader import BridgeConfig, ConfigError, load_config
@@ -335,10 +341,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.command != "run":
         parser.print_help()
         return 0
-    # Hundreds of calls each doing tiny matrix products: BLAS worker threads only add
-    # wake-ups and spinning. Set before numpy is first imported (the server imports it);
-    # an operator's own setting wins.
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     from agent.dialogue.profile import ProfileError
     from model_runtime.store import ModelError
     from sip_bridge import logs
