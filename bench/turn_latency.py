@@ -25,6 +25,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
+# The bridge in this process runs as `sip-bridge run` runs it: OpenBLAS on one thread, set
+# before numpy loads (sip_bridge/cli.py says why).
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 import numpy as np
 from numpy.typing import NDArray
 
