@@ -626,7 +626,7 @@ class BridgeServer:
             total = turn_total_ms(event.stages_ms)
             if total is not None and not event.barged_in:  # a cut-short turn waited for nothing
                 now = asyncio.get_running_loop().time()
-                self.headroom.turn(total, now)
+                self.headroom.turn(total, now, len(self.calls))
                 self._load_changed(now)
         elif isinstance(event, DeadAir):
             self.telemetry.dead_air_gap(call_id, event)

@@ -12,7 +12,7 @@ from sip_bridge.config.config_types import LoadConfig
 from sip_bridge.ops.headroom import CpuMeter, Headroom, p95
 
 ON = LoadConfig(shed=True, turn_p95_ms=900, cpu_pct=90, window_s=60, cpu_window_s=10,
-                min_turns=10, resume_at=0.8, hold_s=5)  # fmt: skip
+                min_turns=10, resume_at=0.8, hold_s=5, slow_start_calls=0)  # fmt: skip
 
 
 def turns(h: Headroom, ms: float, n: int, start: float, every: float = 1.0) -> float:
@@ -126,6 +126,108 @@ def test_a_node_at_capacity_is_not_drained_before_it_takes_calls_again() -> None
         if t >= 300:
             assert calls in (22, 23), (now, calls)  # 23 x 3 % = 69 %: at capacity, not below
     assert refused > 0 and not h.over_budget
+
+
+def crowd(h: Headroom, seconds: int, callers: int = 48) -> list[tuple[float, int, float]]:
+    """``callers`` retrying every 100 ms while refused, against a node whose turns take
+    400 ms up to 16 calls and 25 ms more for each call past that (900 ms at 36), and whose
+    calls cost 0.5 % CPU while their greeting plays (8 s) and 3 % after (90 % at 30). A
+    call lasts 30-50 s and has a turn every 5 s. Returns every turn: (when, calls in
+    progress, ms)."""
+    calls: list[tuple[float, float]] = []  # (came, ends) of each call in progress
+    taken: list[tuple[float, int, float]] = []
+    placed = 0
+    for step in range(seconds * 10):
+        now = step / 10
+        calls = [(came, end) for came, end in calls if end > now]
+        n = len(calls)
+        h.calls_in_progress(n)
+        if step % 10 == 0:
+            busy = sum(0.5 if now - came < 8 else 3.0 for came, _ in calls)
+            h.cpu(busy, 1.0, now, calls=n)
+        for i, (came, _) in enumerate(calls):
+            if round((now - came) * 10) % 50 == i % 50 and now - came > 8:
+                ms = 400.0 + 25.0 * max(0, n - 16)
+                h.turn(ms, now, n)
+                taken.append((now, n, ms))
+        h.update(now)
+        for _ in range(callers - len(calls)):
+            if h.shedding:
+                break
+            placed += 1
+            calls.append((now, now + 30.0 + placed * 7 % 21))  # 30-50 s
+            h.calls_in_progress(len(calls))
+            h.update(now)
+    return taken
+
+
+def test_a_crowd_is_cut_to_a_ceiling_the_turns_hold_and_never_drained() -> None:
+    """48 callers at once at a node whose CPUs pass 90 % past 30 calls and its turns the
+    900 ms budget past 36. All get in at first (no slow start; nothing measured yet says
+    no); the breaches set a ceiling under the calls that breached it, one call is let in
+    for each that ends, so the calls never drain and then crowd in again, and the ceiling
+    settles where the figures meet the budgets, moving by one under the band."""
+    h = Headroom(ON)
+    taken = crowd(h, 600)
+    assert max(n for _, n, _ in taken) == 48
+    assert h.ceiling is not None and 24 <= h.ceiling <= 30, h.ceiling
+    late = [(t, n, ms) for t, n, ms in taken if t >= 200]
+    assert max(n for _, n, _ in late) <= 30
+    assert min(n for _, n, _ in late) >= 20  # never drained
+    assert p95([ms for _, _, ms in late]) <= ON.turn_p95_ms
+    assert "at its ceiling of" in h.reason or not h.shedding
+
+
+def test_slow_start_lets_the_calls_at_most_double_in_a_cpu_window() -> None:
+    """A call costs little while its greeting plays, so a rush of new calls looks cheap to
+    the CPU figures. Calls that came in the last cpu_window_s may number slow_start_calls
+    or as many as the older ones."""
+    h = Headroom(replace(ON, slow_start_calls=8))
+    calls = 0
+
+    def knock(now: float) -> bool:
+        nonlocal calls
+        h.update(now)
+        if h.shedding:
+            return False
+        calls += 1
+        h.calls_in_progress(calls)
+        h.update(now)
+        return True
+
+    assert sum(knock(0.1 * i) for i in range(50)) == 8  # the first 5 s: 8 calls
+    assert h.shedding and h.reason == "slow start: 8 calls in 10 s"
+    assert not h.figures(5.0).over_budget  # a pace, not a budget
+    assert sum(knock(10.2 + 0.1 * i) for i in range(50)) == 8  # the 8 are older now
+    assert sum(knock(20.4 + 0.1 * i) for i in range(50)) == 16
+    assert calls == 32
+    # A node in its steady state: 8 of 25 calls came in the last 10 s; room for more.
+    h = Headroom(replace(ON, slow_start_calls=8))
+    h.calls_in_progress(17)
+    h.update(0.0)
+    h.calls_in_progress(25)
+    assert not h.update(20.0) and h.young == 8 and not h.shedding
+
+
+def test_the_ceiling_rises_by_one_under_the_band_and_shows_in_the_figures() -> None:
+    h = Headroom(ON)
+    for t in range(10):
+        h.cpu(95.0, 1.0, float(t), calls=20)
+    h.calls_in_progress(20)
+    h.update(9.0)
+    assert h.ceiling == 18 and h.shedding  # 0.9 x 20 calls
+    f = h.figures(9.0)
+    assert f.ceiling == 18 and "at its ceiling of 18 calls" in f.reason
+    h.calls_in_progress(18)
+    for t in range(10, 40):  # 18 calls at 50 %: under the band (72 %)
+        h.cpu(50.0, 1.0, float(t), calls=18)
+        h.update(float(t))
+    assert h.ceiling == 19 and not h.over_budget  # raised once the hold had passed
+    h.calls_in_progress(19)
+    for t in range(40, 51):
+        h.cpu(52.0, 1.0, float(t), calls=19)
+        h.update(float(t))
+    assert h.ceiling == 20
 
 
 def test_no_call_measured_projects_nothing() -> None:

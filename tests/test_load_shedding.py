@@ -90,13 +90,18 @@ def test_a_node_over_budget_refuses_new_calls_and_shows_why(tmp_path: Path) -> N
             assert metric_sample(body, "sipbridge_calls_shed_total") == 1
             assert metric_sample(body, "sipbridge_turn_latency_window_p95_seconds") == 1.5
             assert metric_sample(body, "sipbridge_headroom_ratio") < 0
+            assert metric_sample(body, "sipbridge_load_call_ceiling") == 0
 
             status = server.status()
             load = status["load"]
             assert load["shedding"] and load["shed_calls"] == 1 and load["turns"] == 3
             assert load["turn_p95_ms"] == 1500 and load["turn_p95_budget_ms"] == 900
             shown = format_status(json.loads(json.dumps(status)))
-            assert "SHEDDING: new calls get 503 (turn p95 1500 ms > 900 ms)" in shown
+            # One call breached the budget: 90 % of it is none; the node takes no more.
+            assert (
+                "at most 0 calls; SHEDDING: new calls get 503 (turn p95 1500 ms > 900 ms;"
+                " at its ceiling of 0 calls)" in shown
+            )
             assert "refused 1" in shown
 
             code, text = await http_get(server.web.port, "/api/calls")

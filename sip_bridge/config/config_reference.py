@@ -159,9 +159,12 @@ MEANINGS: dict[str, str] = {
     "load.window_s": "the turns of this long ago count, s (5..3600)",
     "load.cpu_window_s": "the CPU is averaged over this long, s (1..600)",
     "load.min_turns": "fewer turns in the window decide nothing (1..100000)",
-    "load.resume_at": "shedding ends when both figures are under this fraction of their"
-    " budgets (0.1..0.95)",
-    "load.hold_s": "once shedding, at least this long, s (0..3600)",
+    "load.resume_at": "the ceiling rises (and over budget ends) when both figures are under"
+    " this fraction of their budgets (0.1..0.95)",
+    "load.hold_s": "the ceiling moves at most this often; over budget lasts at least this long,"
+    " s (0..3600)",
+    "load.slow_start_calls": "calls answered in the last `cpu_window_s` may number this many or"
+    " as many as the calls older than that, whichever is more; 0: no slow start (0..100000)",
     "trunks.name": "required, unique: logs, status, records, routes",
     "trunks.registrar": "`host[:port]` or URI to register at; empty: no registration",
     "trunks.username": "user part of our address-of-record (often the DID)",

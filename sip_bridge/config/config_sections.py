@@ -174,6 +174,7 @@ LOAD_RANGES: dict[str, tuple[float, float]] = {
     "min_turns": (1, 100_000),
     "resume_at": (0.1, 0.95),  # below 1: a band under the budgets
     "hold_s": (0, 3600),
+    "slow_start_calls": (0, 100_000),
 }
 
 

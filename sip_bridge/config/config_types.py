@@ -201,7 +201,8 @@ class LoadConfig:
     cpu_window_s: float = 10.0  # the CPU is averaged over this long
     min_turns: int = 20  # fewer turns in the window: their latency decides nothing
     resume_at: float = 0.8  # shedding ends below this fraction of both budgets
-    hold_s: float = 10.0  # once shedding, for at least this long
+    hold_s: float = 10.0  # a ceiling moves at most this often; over budget this long at least
+    slow_start_calls: int = 8  # calls answered in the last cpu_window_s: at most this or the older
 
 
 @dataclass(frozen=True)

@@ -211,6 +211,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
         "min_turns": (int,),
         "resume_at": (int, float),
         "hold_s": (int, float),
+        "slow_start_calls": (int,),
     },
     "trunks": {},  # an array of tables: checked by sip_bridge.config.trunks
     "routes": {},  # an array of tables: checked by sip_bridge.config.routes

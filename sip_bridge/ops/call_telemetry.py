@@ -252,7 +252,7 @@ class CallTelemetry:
         ``/healthz`` (503 while shedding, as while draining)."""
         if self.metrics is not None:
             self.metrics.load(figures.shedding, figures.headroom_pct, figures.turn_p95_ms,
-                              figures.cpu_busy_pct, shed_calls)  # fmt: skip
+                              figures.cpu_busy_pct, shed_calls, figures.ceiling)  # fmt: skip
         if self.http is not None:
             self.http.set_shedding(figures.shedding)
 

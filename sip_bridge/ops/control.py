@@ -141,6 +141,8 @@ def format_load(load: dict[str, Any]) -> str:
         f"{num(load.get('turn_p95_budget_ms'), 'ms')}; CPU {num(load.get('cpu_busy_pct'), '%')}"
         f" of {num(load.get('cpu_budget_pct'), '%')}"
     )
+    if load.get("ceiling") is not None:
+        head += f"; at most {load['ceiling']} calls"
     if load.get("shedding"):
         verdict = f"SHEDDING: new calls get 503 ({load.get('reason', '')})"
     elif load.get("over_budget"):

@@ -5,26 +5,31 @@ retries elsewhere on a 503. A node that knows it is past what it can carry says 
 its callers notice: its turns get slow (the caller waits), or its CPUs have nothing left
 (the next call's turns will). It refuses *new* calls only; calls in progress go on.
 
-:class:`Headroom` is sans-I/O: turns and CPU readings come in with the clock, and
-:meth:`Headroom.update` decides. Over budget is either of
+:class:`Headroom` is sans-I/O: turns (with the calls in progress when each was answered)
+and CPU readings come in with the clock, and :meth:`Headroom.update` decides. Over budget
+is either of
 
 - the p95 of the turns of the last ``window_s`` above ``turn_p95_ms`` (with at least
   ``min_turns`` turns: a few slow first turns decide nothing),
-- the node's CPUs, averaged over ``cpu_window_s``, busier than ``cpu_pct``,
-- or busier than that with one more call: what the CPUs cost per call in progress over
-  the same window, times the calls in progress now and the next one. Why: the average
-  lags the calls it was measured with; 24 callers arriving over 20 s were all admitted
-  before the 10 s average passed 90 %, and then none of them completed.
+- the node's CPUs, averaged over ``cpu_window_s``, busier than ``cpu_pct``.
 
-Shedding on the first two starts when over budget and ends only when both figures are
-under ``resume_at`` of their budgets and ``hold_s`` has passed (hysteresis: a node at its
-budget does not flap in and out of the dispatcher's set every probe). The third is a
-node at capacity, judged afresh at every new call and every second: one call ending
-makes room for one more. It once held too (the CPUs with one more call under
-``resume_at``), and at twice the calls a node could carry that drained it: the cost per
-call, measured with fewer and fewer calls, stayed over the band until almost none were
-left (76 s, 2 cores, 48 callers), then a dozen callers got in within 1.4 s, their turns
-all at once (11.5 calls in progress on average, turn p95 1090 ms).
+A breach does not shut the node: it sets a *ceiling*, the calls the node carries, at
+``SHRINK`` (90 %) of the calls in progress that breached it, and new calls get 503 while
+the calls in progress are at the ceiling; each call that ends lets one in. A move at most
+every ``hold_s``, judged only by what came after the last one (turns taken with no more
+calls than the ceiling): still breached, it shrinks again; the figures under ``resume_at``
+of both budgets with the calls at the ceiling, it rises by one. Why: shedding everything
+until the figures were back under the band (it once did) drained a node at twice the
+calls it could carry to almost none (73-76 s at 2 cores and 48 callers), then let in a
+crowd that talked at once (turn p95 2.9 s, a third of the calls never heard their
+goodbye). ``over_budget`` (entered on a breach, left under the band after ``hold_s``)
+says so to the operator; it refuses nothing by itself.
+
+Before any breach, and for what comes faster than the averages move, a node is also *at
+capacity* when the CPUs would pass ``cpu_pct`` with one more call: what they cost per call
+in progress over the CPU window (the last such cost where the window had less than one
+call on average), times the calls now and the next. Judged afresh at every new call and
+every second; it holds nothing.
 
 :class:`CpuMeter` is the I/O part: the busy share of the CPUs this process may run on,
 from ``/proc/stat`` (the node's, so model workers and other processes count), or this
@@ -48,6 +53,9 @@ __all__ = ["CpuMeter", "Headroom", "HeadroomFigures"]
 
 log = logging.getLogger(__name__)
 
+#: A breached budget: the ceiling becomes this share of the calls that breached it.
+SHRINK = 0.9
+
 
 @dataclass(frozen=True, slots=True)
 class HeadroomFigures:
@@ -60,6 +68,7 @@ class HeadroomFigures:
     turn_p95_ms: float | None  # None: fewer than min_turns
     cpu_busy_pct: float | None  # None: no reading yet
     cpu_next_call_pct: float | None  # the CPUs with one more call (None: no calls measured)
+    ceiling: int | None  # the calls it was measured to carry (None: no budget breached yet)
     headroom_pct: float  # 100 = idle; 0 = at the nearer budget; negative = past it
 
     def as_dict(self) -> dict[str, Any]:
@@ -71,6 +80,7 @@ class HeadroomFigures:
             "turn_p95_ms": self.turn_p95_ms,
             "cpu_busy_pct": self.cpu_busy_pct,
             "cpu_next_call_pct": self.cpu_next_call_pct,
+            "ceiling": self.ceiling,
             "headroom_pct": self.headroom_pct,
         }
 
@@ -86,24 +96,48 @@ class Headroom:
 
     def __init__(self, config: LoadConfig) -> None:
         self.config = config
-        self._turns: deque[tuple[float, float]] = deque()  # (when, total ms)
+        # (when, total ms, calls in progress when it was answered)
+        self._turns: deque[tuple[float, float, int]] = deque()
         # (when, busy %, seconds, calls in progress)
         self._cpu: deque[tuple[float, float, float, int]] = deque()
         self.calls_now = 0  # calls in progress, as the node last said (calls_in_progress)
         self.over_budget = False  # past the turn or CPU budget: held (see the docstring)
         self.at_capacity = False  # one more call would take the CPUs past cpu_pct
+        self.ceiling: int | None = None  # the calls it was measured to carry; None: not yet
+        self._answered: deque[float] = deque()  # when each call of the last cpu_window_s came
+        self._calls_seen = 0
+        self._moved = -math.inf  # when the ceiling last moved; what came after decides
+        self._cost: float | None = None  # CPU % per call, from the last window with calls
         self._since = -math.inf  # when shedding last started
         self.reason = ""  # why new calls are refused ("" when they are not)
         self._budget_reason = ""  # the held part of it
         self.latest = self._figures(None, None)  # as the last update() found them
 
     @property
-    def shedding(self) -> bool:
-        return self.config.shed and (self.over_budget or self.at_capacity)
+    def full(self) -> bool:
+        """At the learned ceiling: one more call is one more than it was measured to carry."""
+        return self.ceiling is not None and self.calls_now >= self.ceiling
 
-    def turn(self, total_ms: float, now: float) -> None:
-        """A turn answered: the caller's stop -> our reply on the wire."""
-        self._turns.append((now, total_ms))
+    @property
+    def young(self) -> int:
+        """Calls that came in the last ``cpu_window_s``: not yet in the CPU figures at their
+        full cost (a call costs little while its greeting plays)."""
+        return min(len(self._answered), self.calls_now)
+
+    @property
+    def starting(self) -> bool:
+        """Slow start: the young calls are as many as the limit and as the older ones."""
+        n = self.config.slow_start_calls
+        return n > 0 and self.young >= max(n, self.calls_now - self.young)
+
+    @property
+    def shedding(self) -> bool:
+        return self.config.shed and (self.full or self.at_capacity or self.starting)
+
+    def turn(self, total_ms: float, now: float, calls: int | None = None) -> None:
+        """A turn answered: the caller's stop -> our reply on the wire, with ``calls`` in
+        progress (default: as last told)."""
+        self._turns.append((now, total_ms, self.calls_now if calls is None else calls))
 
     def cpu(self, busy_pct: float, seconds: float, now: float, calls: int = 0) -> None:
         """The CPUs were ``busy_pct`` busy over the last ``seconds``, with ``calls`` in
@@ -119,11 +153,19 @@ class Headroom:
             self._turns.popleft()
         while self._cpu and self._cpu[0][0] < now - self.config.cpu_window_s:
             self._cpu.popleft()
+        while self._answered and self._answered[0] < now - self.config.cpu_window_s:
+            self._answered.popleft()
 
     def _turn_p95(self) -> float | None:
         if len(self._turns) < self.config.min_turns:
             return None
-        return p95([ms for _, ms in self._turns])
+        return p95([ms for _, ms, _ in self._turns])
+
+    def _judged_turns(self) -> list[tuple[float, float, int]]:
+        """The turns that judge the ceiling: since it last moved, and taken with no more
+        calls than it (those of a crowd it is still shedding judge nothing)."""
+        cap = math.inf if self.ceiling is None else self.ceiling
+        return [t for t in self._turns if t[0] >= self._moved and t[2] <= cap]
 
     def _cpu_busy(self) -> float | None:
         seconds = sum(s for _, _, s, _ in self._cpu)
@@ -131,51 +173,87 @@ class Headroom:
             return None
         return sum(pct * s for _, pct, s, _ in self._cpu) / seconds
 
+    def _cpu_calls(self) -> float:
+        """Calls in progress over the CPU window, on average (0 with no readings)."""
+        seconds = sum(s for _, _, s, _ in self._cpu)
+        return sum(n * s for _, _, s, n in self._cpu) / seconds if seconds > 0 else 0.0
+
     def _cpu_next_call(self, busy: float | None) -> float | None:
         """The CPUs' busy share with the calls now and one more: ``busy`` per call in
         progress over the window (what else runs on the host counted in, so it errs high),
-        times ``calls_now + 1``. None before a window with at least one call on average."""
-        seconds = sum(s for _, _, s, _ in self._cpu)
-        if busy is None or seconds <= 0:
+        times ``calls_now + 1``. A window with less than one call on average (the node
+        just emptied, or started) uses the last cost measured; None before any."""
+        calls = self._cpu_calls()
+        if busy is not None and calls >= 1.0:
+            self._cost = busy / calls
+        if busy is None or self._cost is None:
             return None
-        calls = sum(n * s for _, _, s, n in self._cpu) / seconds
-        if calls < 1.0:
-            return None
-        return busy / calls * (self.calls_now + 1)
+        return self._cost * (self.calls_now + 1)
+
+    def _move_ceiling(self, now: float, cpu_over: bool, under_band: bool) -> None:
+        """Multiplicative decrease, additive increase: a budget breached by what the
+        ceiling let in takes it to ``SHRINK`` of the calls that breached it; figures under
+        the band with the calls at the ceiling raise it by one; a move at most each
+        ``hold_s``, and only what came after it decides the next."""
+        c = self.config
+        if now - self._moved < c.hold_s:
+            return
+        judged = self._judged_turns()
+        turn_over = len(judged) >= c.min_turns and p95([ms for _, ms, _ in judged]) > c.turn_p95_ms
+        cpu_calls = self._cpu_calls()
+        cpu_over = cpu_over and (self.ceiling is None or cpu_calls <= self.ceiling)
+        if turn_over or cpu_over:
+            if turn_over:
+                calls = sum(n for _, _, n in judged) / len(judged)
+                what = f"turn p95 {p95([ms for _, ms, _ in judged]):.0f} ms"
+            else:
+                calls, what = cpu_calls, f"CPU {self._cpu_busy():.0f} %"
+            if self.ceiling is not None:
+                calls = min(calls, self.ceiling)
+            self.ceiling, self._moved = int(SHRINK * calls), now
+            log.warning("load: at most %d calls from now on (%s with %.1f in progress)",
+                        self.ceiling, what, calls)  # fmt: skip
+        elif under_band and self.full and not self.over_budget and self.ceiling is not None:
+            self.ceiling, self._moved = self.ceiling + 1, now
+            log.info("load: under the band at %d calls: at most %d", self.calls_now, self.ceiling)
 
     def update(self, now: float) -> bool:
         """Decide; True when the shed decision changed (the caller logs and tells the UA)."""
         self._expire(now)
+        self._answered.extend([now] * max(0, self.calls_now - self._calls_seen))
+        self._calls_seen = self.calls_now
         c = self.config
         turn_p95, busy = self._turn_p95(), self._cpu_busy()
         after = self._cpu_next_call(busy)
         was, held = self.shedding, self.over_budget
-        if not self.over_budget:
-            why = []
-            if turn_p95 is not None and turn_p95 > c.turn_p95_ms:
-                why.append(f"turn p95 {turn_p95:.0f} ms > {c.turn_p95_ms:g} ms")
-            if busy is not None and busy > c.cpu_pct:
-                why.append(f"CPU {busy:.0f} % > {c.cpu_pct:g} %")
-            if why:
-                self.over_budget, self._since, self._budget_reason = True, now, "; ".join(why)
-        else:
-            turns_ok = turn_p95 is None or turn_p95 <= c.resume_at * c.turn_p95_ms
-            cpu_ok = busy is None or busy <= c.resume_at * c.cpu_pct
-            if turns_ok and cpu_ok and now - self._since >= c.hold_s:
-                self.over_budget, self._budget_reason = False, ""
+        why = []
+        if turn_p95 is not None and turn_p95 > c.turn_p95_ms:
+            why.append(f"turn p95 {turn_p95:.0f} ms > {c.turn_p95_ms:g} ms")
+        if busy is not None and busy > c.cpu_pct:
+            why.append(f"CPU {busy:.0f} % > {c.cpu_pct:g} %")
+        turns_ok = turn_p95 is None or turn_p95 <= c.resume_at * c.turn_p95_ms
+        cpu_ok = busy is None or busy <= c.resume_at * c.cpu_pct
+        if not self.over_budget and why:
+            self.over_budget, self._since, self._budget_reason = True, now, "; ".join(why)
+        elif self.over_budget and turns_ok and cpu_ok and now - self._since >= c.hold_s:
+            self.over_budget, self._budget_reason = False, ""
+        self._move_ceiling(now, busy is not None and busy > c.cpu_pct, turns_ok and cpu_ok)
         self.at_capacity = busy is not None and after is not None and after > c.cpu_pct
-        full = ""
+        reasons = []
+        if self.full:
+            reasons.append(f"at its ceiling of {self.ceiling} calls")
         if self.at_capacity:
-            full = f"CPU {busy:.0f} %, with one more call {after:.0f} % > {c.cpu_pct:g} %"
-        self.reason = "; ".join(r for r in (self._budget_reason, full) if r)
-        if c.shed and self.over_budget != held:
+            reasons.append(f"CPU {busy:.0f} %, with one more call {after:.0f} % > {c.cpu_pct:g} %")
+        if self.starting:
+            reasons.append(f"slow start: {self.young} calls in {c.cpu_window_s:g} s")
+        self.reason = "; ".join(r for r in (self._budget_reason, *reasons) if r)
+        if self.over_budget != held:
             if self.over_budget:
-                log.warning("load: over budget (%s): new calls get 503", self._budget_reason)
+                log.warning("load: over budget (%s)", self._budget_reason)
             else:
-                log.warning("load: back under budget: taking new calls")
-        elif self.shedding != was:  # at capacity or not: it changes with every call
-            log.debug("load: %s", "at capacity: new calls get 503" if self.shedding else
-                      "room for a call")  # fmt: skip
+                log.warning("load: back under budget")
+        if c.shed and self.shedding != was:
+            log.info("load: %s", "new calls get 503" if self.shedding else "taking new calls")
         self.latest = self._figures(turn_p95, busy, after)
         return self.shedding != was
 
@@ -195,12 +273,13 @@ class Headroom:
         )
         return HeadroomFigures(
             shedding=self.shedding,
-            over_budget=self.over_budget or self.at_capacity,
+            over_budget=self.over_budget or self.at_capacity or self.full,
             reason=self.reason,
             turns=len(self._turns),
             turn_p95_ms=None if turn_p95 is None else round(turn_p95, 1),
             cpu_busy_pct=None if busy is None else round(busy, 1),
             cpu_next_call_pct=None if after is None else round(after, 1),
+            ceiling=self.ceiling,
             headroom_pct=round(100.0 * (1.0 - used), 1),
         )
 

@@ -273,6 +273,12 @@ class BridgeMetrics:
             "Busy share of the node's CPUs over [load] cpu_window_s (0..1).",
             registry=r,
         )
+        self.ceiling = Gauge(
+            "sipbridge_load_call_ceiling",
+            "The calls the node was measured to carry within its [load] budgets: it takes "
+            "no more (NaN: no budget breached yet).",
+            registry=r,
+        )
         self.shed = Counter(
             "sipbridge_calls_shed",
             "New calls refused with 503 because the node was over its [load] budget.",
@@ -395,8 +401,11 @@ class BridgeMetrics:
         turn_p95_ms: float | None,
         cpu_busy_pct: float | None,
         shed_calls: int,
+        ceiling: int | None = None,
     ) -> None:
-        """The node's headroom (sip_bridge.ops.headroom); ``shed_calls``: refused so far."""
+        """The node's headroom (sip_bridge.ops.headroom); ``shed_calls``: refused so far;
+        ``ceiling``: the calls it was measured to carry (None: no budget breached yet)."""
+        self.ceiling.set(math.nan if ceiling is None else float(ceiling))
         self.shedding.set(1.0 if shedding else 0.0)
         self.headroom.set(headroom_pct / 100.0)
         self.window_turn_p95.set(math.nan if turn_p95_ms is None else turn_p95_ms / 1000.0)

@@ -218,6 +218,7 @@
       "turn p95 " + turn + " of " + fmt(load.turn_p95_budget_ms, 0) + " ms",
       "CPU " + fmt(load.cpu_busy_pct, 0) + " % of " + fmt(load.cpu_budget_pct, 0) + " %",
     ];
+    if (isNum(load.ceiling)) parts.push("at most " + fmt(load.ceiling, 0) + " calls");
     let verdict = "taking new calls";
     if (load.shedding) verdict = "SHEDDING: new calls get 503 (" + str(load.reason) + ")";
     else if (load.over_budget) verdict = "over budget (" + str(load.reason) + "), shedding is off";
