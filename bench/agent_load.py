@@ -32,7 +32,9 @@ Per N (JSON, one entry per N, to stdout and bench/out/agent_load.json):
   idle RSS) / N, idle after one warm-up call: the models' buffers grow on their first
   real inputs) and in total;
 - calls placed, completed, failed, refused (503: a node shedding load; not failures, and
-  the turn figures cover admitted calls only); the callers' talk / listen / pause shares.
+  the turn figures cover admitted calls only); the callers' talk / listen / pause shares;
+- ``settled``: turns, dead air and failures again for the calls answered a minute or more
+  after the first (a node shedding load takes a crowd's rush in its first minute).
 
     .venv/bin/python bench/agent_load.py --calls 4 --minutes 1
     .venv/bin/python bench/agent_load.py --sweep 1,4,8,16,24,32 --minutes 5   # + a .png
@@ -72,6 +74,7 @@ from testkit.demo_bridge import DEMO_SCRIPTS, ROOT, TRANSFER_TARGETS, shipped_br
 OUT = ROOT / "bench" / "out"
 SHIPPED = ROOT / "config" / "bridge.toml"
 TICK = os.sysconf("SC_CLK_TCK")
+SETTLED_S = 60.0  # the callers' figures again for the calls answered this long after the first
 IDLE_S = 3.0  # the bridge's idle CPU and RSS, after its start, before the first call
 #: The demo scripts a caller picks from: those that need no transfer target.
 DEFAULT_SCRIPTS = sorted(
@@ -197,6 +200,24 @@ def bridge_turn_stages(data: Path, max_silence_ms: float) -> dict[str, Any]:
     }
 
 
+def settled(results: list[CallResult], after_s: float = SETTLED_S) -> dict[str, Any]:
+    """The calls answered ``after_s`` or more after the first: a node shedding load has
+    found its size by then (its first minute takes a crowd's rush)."""
+    admitted = [r for r in results if r.outcome != "refused"]
+    if not admitted:
+        return {"after_s": after_s, "calls": 0}
+    first = min(r.figures.answered_at for r in admitted)
+    late = [r for r in admitted if r.figures.answered_at >= first + after_s]
+    dead = [x for r in late for x in r.figures.dead_air_s]
+    return {
+        "after_s": after_s,
+        "calls": len(late),
+        "failed": sum(r.outcome == "failed" for r in late),
+        "turn_latency_ms": _ms([x for r in late for x in r.figures.turns_s]),
+        "dead_air_p99_s": pct(dead, 99, 3),
+    }
+
+
 def summarise(results: list[CallResult]) -> dict[str, Any]:
     """The callers' figures over every admitted call."""
     admitted = [r for r in results if r.outcome != "refused"]
@@ -235,6 +256,7 @@ def summarise(results: list[CallResult]) -> dict[str, Any]:
             text: {"p50": pct(xs, 50), "n": len(xs)} for text, xs in sorted(by_text.items())
         },
         "keypad_turn_latency_ms": _ms(keys),
+        "settled": settled(results),
         "dead_air_s": {
             "p99": pct(dead, 99, 3),
             "max": round(max(dead), 3) if dead else None,

@@ -117,6 +117,7 @@ class CallFigures:
     listen_s: float = 0.0  # the agent's audio heard
     overlap_s: float = 0.0  # both at once
     call_s: float = 0.0  # answer -> end
+    answered_at: float = 0.0  # the answer, on the loop's clock
     rx_frames: int = 0
     rx_expected: int = 0  # 20 ms frames from the first packet to the last
     rx_gaps_s: list[float] = field(default_factory=list)  # holes over RX_GAP_S
@@ -141,7 +142,7 @@ def call_figures(
 ) -> CallFigures:
     """The call's figures from what was heard, what the caller sent (in order) and when
     it waited for the agent (the runner's rules: sip_bridge.script.script_steps)."""
-    f = CallFigures(talk_s=talk_s, call_s=max(0.0, t_end - t0))
+    f = CallFigures(talk_s=talk_s, call_s=max(0.0, t_end - t0), answered_at=t0)
     for n, (step, t) in enumerate(sent):
         until = sent[n + 1][1].start if n + 1 < len(sent) else t_end
         if isinstance(step, Dtmf):

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.agent_load import LoadOptions, bridge_turn_stages, run_all
-from bench.load_caller import call_figures
+from bench.agent_load import LoadOptions, bridge_turn_stages, run_all, settled
+from bench.load_caller import CallFigures, CallResult, call_figures
 from sip_bridge.ops.records import CallRecords
 from sip_bridge.script.heard_audio import HeardAudio, Span
 from sip_bridge.script.script_actions import CallerTiming
@@ -69,6 +69,23 @@ quiet_ms = 400
 [[step]]
 hangup = true
 """
+
+
+def test_the_settled_figures_are_those_of_the_calls_answered_a_minute_after_the_first() -> None:
+    def call(at: float, outcome: str, turns: list[float]) -> CallResult:
+        return CallResult("s", outcome, figures=CallFigures(turns_s=turns, answered_at=at))
+
+    results = [
+        call(100.0, "failed", [3.0, 3.0]),  # the rush of the first minute
+        call(120.0, "completed", [2.5]),
+        call(130.0, "refused", []),
+        call(160.0, "completed", [0.5, 0.6]),
+        call(170.0, "failed", [0.7]),
+    ]
+    s = settled(results)
+    assert s["after_s"] == 60.0 and s["calls"] == 2 and s["failed"] == 1
+    assert s["turn_latency_ms"]["n"] == 3 and s["turn_latency_ms"]["max"] == 700.0
+    assert settled([]) == {"after_s": 60.0, "calls": 0}
 
 
 def test_the_bridge_turn_stages_come_from_its_call_records(tmp_path: Path) -> None:
