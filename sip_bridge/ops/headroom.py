@@ -108,9 +108,9 @@ class Headroom:
         self._calls_seen = 0
         self._moved = -math.inf  # when the ceiling last moved; what came after decides
         self._cost: float | None = None  # CPU % per call, from the last window with calls
-        self._since = -math.inf  # when shedding last started
-        self.reason = ""  # why new calls are refused ("" when they are not)
-        self._budget_reason = ""  # the held part of it
+        self._since = -math.inf  # when the node went over budget last
+        self.reason = ""  # why it is over budget, full, at capacity or starting ("": none)
+        self._budget_reason = ""  # the over-budget part of it
         self.latest = self._figures(None, None)  # as the last update() found them
 
     @property
