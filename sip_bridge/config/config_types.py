@@ -200,7 +200,7 @@ class LoadConfig:
     window_s: float = 60.0  # turns of this long ago count
     cpu_window_s: float = 10.0  # the CPU is averaged over this long
     min_turns: int = 20  # fewer turns in the window: their latency decides nothing
-    resume_at: float = 0.8  # shedding ends below this fraction of both budgets
+    resume_at: float = 0.8  # below this fraction of both budgets the ceiling may rise
     hold_s: float = 10.0  # a ceiling moves at most this often; over budget this long at least
     slow_start_calls: int = 8  # calls answered in the last cpu_window_s: at most this or the older
 
