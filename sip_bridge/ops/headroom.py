@@ -190,7 +190,7 @@ class Headroom:
             return None
         return self._cost * (self.calls_now + 1)
 
-    def _move_ceiling(self, now: float, cpu_over: bool, under_band: bool) -> None:
+    def _move_ceiling(self, now: float, busy: float | None, under_band: bool) -> None:
         """Multiplicative decrease, additive increase: a budget breached by what the
         ceiling let in takes it to ``SHRINK`` of the calls that breached it; figures under
         the band with the calls at the ceiling raise it by one; a move at most each
@@ -199,15 +199,17 @@ class Headroom:
         if now - self._moved < c.hold_s:
             return
         judged = self._judged_turns()
-        turn_over = len(judged) >= c.min_turns and p95([ms for _, ms, _ in judged]) > c.turn_p95_ms
+        judged_p95 = p95([ms for _, ms, _ in judged]) if len(judged) >= c.min_turns else None
+        turn_over = judged_p95 is not None and judged_p95 > c.turn_p95_ms
         cpu_calls = self._cpu_calls()
+        cpu_over = busy is not None and busy > c.cpu_pct
         cpu_over = cpu_over and (self.ceiling is None or cpu_calls <= self.ceiling)
         if turn_over or cpu_over:
             if turn_over:
                 calls = sum(n for _, _, n in judged) / len(judged)
-                what = f"turn p95 {p95([ms for _, ms, _ in judged]):.0f} ms"
+                what = f"turn p95 {judged_p95:.0f} ms"
             else:
-                calls, what = cpu_calls, f"CPU {self._cpu_busy():.0f} %"
+                calls, what = cpu_calls, f"CPU {busy:.0f} %"
             if self.ceiling is not None:
                 calls = min(calls, self.ceiling)
             self.ceiling, self._moved = int(SHRINK * calls), now
@@ -237,7 +239,7 @@ class Headroom:
             self.over_budget, self._since, self._budget_reason = True, now, "; ".join(why)
         elif self.over_budget and turns_ok and cpu_ok and now - self._since >= c.hold_s:
             self.over_budget, self._budget_reason = False, ""
-        self._move_ceiling(now, busy is not None and busy > c.cpu_pct, turns_ok and cpu_ok)
+        self._move_ceiling(now, busy, turns_ok and cpu_ok)
         self.at_capacity = busy is not None and after is not None and after > c.cpu_pct
         reasons = []
         if self.full:
