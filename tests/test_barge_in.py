@@ -100,6 +100,31 @@ async def test_a_caller_stops_the_agent_over_its_echo(erl: float, delay_ms: floa
     assert took is not None and 0 < took <= MIN_SPEECH_MS + 150, took
 
 
+@pytest.mark.parametrize(("erl", "delay_ms", "at_s"), [(12, 60, 2.5), (6, 150, 4.0)])
+@aio
+async def test_a_quiet_caller_over_a_loud_echo_stops_the_agent_in_time(
+    erl: float, delay_ms: float, at_s: float
+) -> None:
+    """A -35 dBFS caller over echo 6-12 dB under our voice: what comes back is mostly our
+    echo, what the canceller leaves is all theirs. Judged by energies alone, that looked
+    like a canceller that had lost the echo (the gate then wants a caller as loud as our
+    voice 3 dB down), and the greeting went on over them for 880 and 480 ms."""
+    pcm = at_level(espeak_ng("What are your opening hours?", "en-us"), -35)
+    took = await _reaction_ms(Line(erl, delay_ms, noise_dbfs=-60), pcm, at_s)
+    assert took is not None and 0 < took <= MIN_SPEECH_MS + 150, took
+
+
+@aio
+async def test_a_first_syllable_the_vad_doubts_counts_from_its_sound() -> None:
+    """A recorded "hours" (Asterisk's prompt) at -25 dBFS: the VAD scores its first 220 ms
+    0.25-0.42 while it is 35 dB over the line's noise. The agent counts min_speech_ms from
+    where that sound began, not from the VAD's first sure window (it stopped after 440 ms)."""
+    with wave.open(str(ASTERISK.with_name("hours.wav"))) as w:
+        pcm = at_level(np.frombuffer(w.readframes(w.getnframes()), dtype=np.int16), -25)
+    took = await _reaction_ms(Line(None, 60, noise_dbfs=-60), pcm, 3.0)
+    assert took is not None and 0 < took <= MIN_SPEECH_MS + 150, took
+
+
 @pytest.mark.parametrize("at_s", [0.0, 0.1, 0.3])
 @pytest.mark.parametrize("erl", [None, 20])
 @aio

@@ -297,6 +297,31 @@ def test_segmenter_hysteresis_rules() -> None:
     assert seg.position == 0
 
 
+def test_a_start_carries_the_rise_of_the_probability_before_it() -> None:
+    """A quiet first syllable just under the threshold is where the words began: the start
+    stays where the threshold was reached, its ``rise`` goes back over the run at
+    neg_threshold or more before it (not past a window under it, nor max_rise_ms)."""
+    seg = SpeechSegmenter(min_speech_ms=100, min_silence_ms=200, max_rise_ms=160)
+
+    def feed(ps: list[float]) -> list[SpeechStarted]:
+        return [e for p in ps if isinstance(e := seg.update(p), SpeechStarted)]
+
+    started = feed([0.1, 0.2, 0.4, 0.45, 0.49, 0.9, 0.9, 0.9, 0.9])
+    assert started == [SpeechStarted(5 * 256, 9 * 256, 2 * 256)]
+    assert started[0].onset == 2 * 256
+    feed([0.1] * 8)  # stopped
+    # 0.3 breaks the climb: only the windows after it count
+    (ev,) = feed([0.4, 0.3, 0.4, 0.6, 0.9, 0.9, 0.9])
+    assert (ev.sample - seg.position + 7 * 256, ev.onset - ev.sample) == (3 * 256, -256)
+    feed([0.1] * 8)
+    # a long climb is cut at max_rise_ms (160 ms: 5 windows of 32 ms)
+    (ev,) = feed([0.4] * 12 + [0.6, 0.9, 0.9, 0.9])
+    assert ev.sample - ev.onset == 5 * 256
+    feed([0.1] * 8)
+    (ev,) = feed([0.9, 0.9, 0.9, 0.9])  # no climb: the onset is the start
+    assert ev.rise is None and ev.onset == ev.sample
+
+
 def test_missing_model_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ModelRuntimeError, match="silero-vad: file not found"):
         SileroVad(tmp_path / "silero_vad.onnx")

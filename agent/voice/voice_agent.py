@@ -78,6 +78,9 @@ log = logging.getLogger(__name__)
 LIMITS_EVERY = 50  # ticks (1 s) between checks of the profile's call-length limit
 SPECULATE_MS = 60  # a pause this long starts preparing the reply (see agent.speculation)
 UNDERSTOOD_PAUSE_MS = 400  # a pause this long ends a turn the prepared reply understood
+#: how far back from the VAD's onset a run of sound (over our echo) may place the speech's
+#: start: about the most a first syllable is heard before the VAD is sure of it
+ONSET_MAX_TICKS = 15
 MERGE_TICKS = 50  # the caller goes on within 1 s of our reply's start: it was a pause
 # Merges in a row (no turn reported between them) before speech over the reply's start is
 # held and heard out instead: a reply that starts again after each merge starts a new echo
@@ -244,6 +247,7 @@ class VoiceAgent(Agent):
         self._confirmed = False  # the segmenter's: speech that lasted (not a click)
         self._speech_ticks = 0  # ticks of speech in the current turn
         self._run = 0  # consecutive speech ticks (barge-in)
+        self._sound_run = 0  # consecutive ticks that beat our echo and the line's noise
         self._last_speech_t = 0.0
         self._speech_tick = 0  # the tick of the caller's last speech
         self._ticked = asyncio.Event()  # set by each tick
@@ -316,6 +320,7 @@ class VoiceAgent(Agent):
         self.gate.speech_heard = self._user_speaking
         ours = self.playout.play(pcm.size)
         pcm = self.gate.process(pcm, ours, learn=not self.playout.last_tone)
+        self._sound_run = self._sound_run + 1 if self.gate.caller_now() else 0
         if self._busy and self._voice_from is None and self.playout.last_played:
             self._voice_from = self._tick
         self._flow_tick(now)
@@ -443,7 +448,12 @@ class VoiceAgent(Agent):
         self._user_speaking = speech
         if confirmed is True:  # barge-in counts from where the speech began
             self._confirmed = True
-            self._run = (onset_lag or 0) // FRAME
+            # ... which is where its sound began, if that is earlier and unbroken since: the
+            # VAD can be unsure of a quiet first syllable for a few hundred ms (a recorded
+            # "hours" over the greeting: 0.25-0.42 for 220 ms, at -21 to -24 dBFS)
+            # (less this tick, which the run counts below)
+            sound = min(self._sound_run - 1, ONSET_MAX_TICKS)
+            self._run = max((onset_lag or 0) // FRAME, sound)
         elif confirmed is False:
             self._confirmed = False
 

@@ -272,7 +272,7 @@ class VadGate:
     """One call's VAD, reported two ways: per window, speech yes/no with hysteresis but no
     hangover (the end-of-turn pause is timed from the caller's real last word), and
     confirmed speech starts and stops (a click is not speech; barge-in counts from the
-    onset the segmenter found, not from when it was sure)."""
+    onset the segmenter found, its rise included, not from when it was sure)."""
 
     def __init__(
         self,
@@ -298,7 +298,7 @@ class VadGate:
         self._raw = p >= seg.threshold or (self._raw and p >= seg.neg_threshold)
         ev = seg.update(p)
         if isinstance(ev, SpeechStarted):
-            self._on_vad(self._raw, ev.at - ev.sample, True)
+            self._on_vad(self._raw, ev.at - ev.onset, True)
         elif isinstance(ev, SpeechStopped):
             self._on_vad(self._raw, None, False)
         else:
