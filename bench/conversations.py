@@ -167,8 +167,13 @@ def talk_over_figures(report: CallReport, cuts: list[float] | None) -> dict[str,
         if o.barge_in is False:
             wrong += int(r.stopped)
         elif o.barge_in is True and not o.key:
+            # the agent's own decision: its first cut after the caller began (the rest of
+            # the reaction is the wire both ways and the fade)
+            cut = min((c - r.onset for c in cuts or () if r.onset <= c <= r.onset + 2.0),
+                      default=None)  # fmt: skip
             intended.append({"step": o.step, "stopped": r.stopped,
                              "ms": None if r.seconds is None else round(1000 * r.seconds, 1),
+                             "decided_ms": None if cut is None else round(1000 * cut, 1),
                              "overlap_ms": round(1000 * r.overlap_s, 1)})  # fmt: skip
     if cuts is None:
         return {"barge_ins": intended, "false_barge_ins": wrong, "agent_cuts": None}
