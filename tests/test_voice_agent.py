@@ -937,6 +937,34 @@ async def test_a_reply_to_words_not_understood_waits_for_a_longer_pause() -> Non
         assert len(c.out.writes) > n and c.agent.flow.fillers == 0
 
 
+@aio
+async def test_the_apology_waits_for_a_sound_the_vad_has_not_judged_yet() -> None:
+    """The caller's next sentence begins just as the longer pause runs out, and the VAD is
+    not sure of it yet: the apology waits for it rather than start over their first word
+    (heard before the merge stopped it: "Sor-"). A sound the VAD never takes for speech
+    holds it SOUND_GRACE_TICKS at most."""
+    async with Call() as c:
+        n = await c.turn("I would like to ask about", wait_tts=False)
+        await c.tick(MISS_HOLD - 5)
+        await c.tick(10, 2000)  # sound, no speech yet
+        assert len(c.out.writes) == n
+        c.vad(True, True)  # now it is speech: the caller went on
+        await c.tick(BARGE_TICKS, 2000)
+        assert c.agent.merges == 1 and len(c.out.writes) == n
+        await c.turn("my order, please", whole="I would like to ask about my order, please")
+        assert c.models.spoken[-1] == ORDER_PROMPT
+        assert not any(text.startswith("Sorry") for text in c.models.spoken)
+    async with Call() as c:  # a noise that is no speech: the apology, a little later
+        n = await c.turn("I would like to ask about", wait_tts=False)
+        await c.tick(MISS_HOLD - 5)
+        await c.tick(voice_module.SOUND_GRACE_TICKS - 6, 2000)
+        assert len(c.out.writes) == n
+        await c.tick(10, 2000)
+        # (past 1.5 s of waiting a filler may come first)
+        await c.until(lambda: c.models.spoken[-1].startswith("Sorry, I didn't"), "the apology")
+        assert c.agent.merges == 0
+
+
 def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -94,6 +94,8 @@ MAX_MERGES = 2
 # heard even when the merge stops it. 1.2 s: a pause between sentences, and under the
 # 1.5 s of dead air a caller who had finished may wait (no filler plays meanwhile).
 MISS_HOLD_TICKS = 60
+SOUND_WAIT_TICKS = 2  # ... and the caller is not making a sound (over the line's noise)
+SOUND_GRACE_TICKS = 25  # ... unless the VAD hears no speech in it for this long
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
 WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not an end
 PREROLL_TICKS = round(PREROLL_S / TICK_S)  # audio kept before the first speech frame
@@ -855,7 +857,15 @@ class VoiceAgent(Agent):
         or reply ``gen`` was stopped."""
         self._holding = True
         try:
-            while gen == self._gen and not self._closed and self._tick - self._speech_tick < ticks:
+            while gen == self._gen and not self._closed:
+                quiet = self._tick - self._speech_tick
+                if quiet >= ticks and not (
+                    # a sound begins that the VAD has not judged yet: "Great, thanks.
+                    # [pause] That's all." went on 1.1-1.2 s after the last word, and the
+                    # apology's first syllable was heard before the merge stopped it
+                    self._sound_run >= SOUND_WAIT_TICKS and quiet < ticks + SOUND_GRACE_TICKS
+                ):
+                    break
                 self._ticked.clear()
                 await self._ticked.wait()
         finally:
