@@ -304,7 +304,6 @@ class SpeechSegmenter:
         self._start: int | None = None  # candidate speech start (not yet confirmed)
         self._silence: int | None = None  # candidate speech end while speaking
         self._climb: int | None = None  # first window of the run at neg_threshold or more
-        self._rise: int | None = None  # the candidate start's rise
 
     def update(self, prob: float) -> SpeechStarted | SpeechStopped | None:
         """Feed the next window's probability; returns an event when one is decided."""
@@ -319,13 +318,14 @@ class SpeechSegmenter:
             if self._start is None:
                 if prob >= self.threshold:
                     self._start = begin
-                    self._rise = max(self._climb or begin, begin - self.max_rise)
             elif prob < self.neg_threshold:
                 self._start = None
             if self._start is not None and end - self._start >= self.min_speech:
                 self.speaking, start, self._start = True, self._start, None
-                rise = self._rise if self._rise is not None and self._rise < start else None
-                return SpeechStarted(start, end, rise)
+                # (the climb is the one the start was on: a window under neg_threshold
+                # since would have dropped the start too)
+                rise = max(self._climb if self._climb is not None else start, start - self.max_rise)
+                return SpeechStarted(start, end, rise if rise < start else None)
             return None
         if prob >= self.threshold:
             self._silence = None
@@ -341,4 +341,4 @@ class SpeechSegmenter:
         """Back to silence at position 0."""
         self.position = 0
         self.speaking = False
-        self._start = self._silence = self._climb = self._rise = None
+        self._start = self._silence = self._climb = None
