@@ -287,11 +287,34 @@ def test_segmenter_hysteresis_rules() -> None:
     feed: Callable[[list[float]], list[VadEvent]] = lambda ps: [  # noqa: E731
         e for p in ps if (e := seg.update(p)) is not None
     ]
-    assert feed([0.9, 0.9, 0.1]) == []  # a 64 ms click is not speech
-    assert feed([0.6, 0.4, 0.45, 0.9]) == [SpeechStarted(3 * 256, 7 * 256)]  # 0.4 keeps it
+    assert feed([0.9, 0.9, 0.1, 0.1]) == []  # a 64 ms click is not speech
+    assert feed([0.6, 0.4, 0.45, 0.9]) == [SpeechStarted(4 * 256, 8 * 256)]  # 0.4 keeps it
     assert feed([0.2] * 6 + [0.6]) == []  # 192 ms of silence, then speech again
     assert feed([0.2, 0.4, 0.4, 0.4, 0.4, 0.4]) == []
-    assert feed([0.4]) == [SpeechStopped(14 * 256, 21 * 256)]  # 0.4 does not rescue it
+    assert feed([0.4]) == [SpeechStopped(15 * 256, 22 * 256)]  # 0.4 does not rescue it
+    assert feed([0.1] * 4) == []
+
+
+def test_one_window_of_a_consonant_does_not_start_speech_over() -> None:
+    """The closure of a stop consonant scores one window near 0 (a caller at -15 dBFS:
+    0.77, 0.91, 0.95, 0.15, 0.95): the start stays where it was, and is confirmed on the
+    next window of speech, not on the dip. Two windows under neg_threshold are a pause:
+    the start and its climb are dropped."""
+    seg = SpeechSegmenter(min_speech_ms=100, min_silence_ms=200, max_dip_ms=32)
+
+    def feed(ps: list[float]) -> list[VadEvent]:
+        return [e for p in ps if (e := seg.update(p)) is not None]
+
+    assert feed([0.02, 0.08, 0.48, 0.77, 0.91, 0.95]) == []
+    assert feed([0.15]) == []  # 128 ms since the start, but this window is no speech
+    assert feed([0.95]) == [SpeechStarted(3 * 256, 8 * 256, 2 * 256)]
+    feed([0.1] * 8)  # stopped
+    start = seg.position
+    assert feed([0.9, 0.9, 0.1, 0.1, 0.9, 0.9, 0.9]) == []  # a 64 ms pause starts it over
+    assert feed([0.9]) == [SpeechStarted(start + 4 * 256, start + 8 * 256)]
+    feed([0.1] * 8)
+    strict = SpeechSegmenter(min_speech_ms=100, min_silence_ms=200, max_dip_ms=0)
+    assert [strict.update(p) for p in [0.77, 0.91, 0.95, 0.15, 0.95]] == [None] * 5
     assert not seg.speaking
     seg.reset()
     assert seg.position == 0
@@ -300,7 +323,7 @@ def test_segmenter_hysteresis_rules() -> None:
 def test_a_start_carries_the_rise_of_the_probability_before_it() -> None:
     """A quiet first syllable just under the threshold is where the words began: the start
     stays where the threshold was reached, its ``rise`` goes back over the run at
-    neg_threshold or more before it (not past a window under it, nor max_rise_ms)."""
+    neg_threshold or more before it (not past a pause under it, nor max_rise_ms)."""
     seg = SpeechSegmenter(min_speech_ms=100, min_silence_ms=200, max_rise_ms=160)
 
     def feed(ps: list[float]) -> list[SpeechStarted]:
@@ -310,9 +333,10 @@ def test_a_start_carries_the_rise_of_the_probability_before_it() -> None:
     assert started == [SpeechStarted(5 * 256, 9 * 256, 2 * 256)]
     assert started[0].onset == 2 * 256
     feed([0.1] * 8)  # stopped
-    # 0.3 breaks the climb: only the windows after it count
-    (ev,) = feed([0.4, 0.3, 0.4, 0.6, 0.9, 0.9, 0.9])
-    assert (ev.sample - seg.position + 7 * 256, ev.onset - ev.sample) == (3 * 256, -256)
+    # 0.3, 0.3 break the climb (one window under neg_threshold would not): only the
+    # windows after them count
+    (ev,) = feed([0.4, 0.3, 0.3, 0.4, 0.6, 0.9, 0.9, 0.9])
+    assert (ev.sample - seg.position + 8 * 256, ev.onset - ev.sample) == (4 * 256, -256)
     feed([0.1] * 8)
     # a long climb is cut at max_rise_ms (160 ms: 5 windows of 32 ms)
     (ev,) = feed([0.4] * 12 + [0.6, 0.9, 0.9, 0.9])

@@ -67,6 +67,8 @@ OUR_RMS = AMP / np.sqrt(2)  # the reply's level on the line (the resampler passe
 FRAME = 160
 BARGE_TICKS = 13  # the demo's min_speech_ms = 250: 13 ticks of 20 ms
 MISS_HOLD = voice_module.MISS_HOLD_TICKS  # a reply to words not understood waits this long
+WORD_GAP = voice_module.WORD_GAP_TICKS  # a pause longer than this one is between sentences
+BACKCHANNEL_MAX_TICKS = voice_module.BACKCHANNEL_MAX_MS // 20
 GREETING = [
     "Thanks for calling Acme Support.",
     "You can ask about our opening hours, your order, pay a bill, or ask for a person.",
@@ -1070,6 +1072,10 @@ async def test_a_few_words_over_a_held_reply_it_would_not_understand_let_it_go_o
         c.vad(False, False)
         await c.tick(4)
         if goes_on:
+            # ... once the pause is one between sentences, not one inside the words
+            await c.until(lambda: c.agent.held_unsure == heard, "the probe")
+            assert c.agent.backchannels == 0 and len(c.out.writes) == writes
+            await c.tick(WORD_GAP - 4)
             await c.until(lambda: c.agent.backchannels == 1, "the reply going on")
             assert c.agent.barge_ins == 0 and len(c.out.writes) > writes
             await c.drain()
@@ -1127,8 +1133,33 @@ async def test_a_long_utterance_the_asr_made_nothing_of_is_no_backchannel(
             await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
             assert c.agent.backchannels == 0 and len(c.out.writes) == writes  # nothing resumed
         else:
+            await c.tick(WORD_GAP - 4)
             await c.until(lambda: c.agent.backchannels == 1, "the backchannel")
             assert c.agent.barge_ins == 0 and len(c.out.writes) > writes  # it went on
+
+
+@aio
+async def test_words_not_understood_at_a_pause_inside_the_question_do_not_let_it_go_on() -> None:
+    """A quiet caller over loss: the first 60 ms pause of "What are your opening hours?"
+    (a lost packet, a stop consonant) asks the ASR, which makes "Well," of its first
+    syllable. The reply stays held while the caller goes on, and their question, longer
+    than any backchannel, takes the floor (bench/conversations: the greeting went on twice
+    over the whole question, which was never answered)."""
+    async with Call(greeted=False) as c:
+        await c.tick(30)
+        c.models.asr_texts.extend(["Well,", "what are your opening hours"] * 2)
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        writes = len(c.out.writes)
+        c.vad(False, False)
+        await c.tick(4)
+        await c.until(lambda: c.agent.held_unsure == "Well,", "the probe")
+        c.vad(True, None)  # they go on within 300 ms
+        await c.tick(4)
+        assert c.agent.held_unsure is None and c.agent.backchannels == 0
+        await c.tick(BACKCHANNEL_MAX_TICKS)
+        await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
+        assert c.agent.backchannels == 0 and len(c.out.writes) == writes  # nothing resumed
 
 
 @aio

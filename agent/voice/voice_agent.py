@@ -188,6 +188,7 @@ class _Held:
     echo_suspect: bool = False  # held after MAX_MERGES merges: it may be our own echo
     asked: float = 0.0  # when the latest probe was queued, and when it ran (monotonic)
     ran: float = 0.0
+    unsure: str | None = None  # a probe's words not understood: go on if the pause lasts
 
 
 class VoiceAgent(Agent):
@@ -385,6 +386,13 @@ class VoiceAgent(Agent):
     def barge_ins(self) -> int:
         """Replies cut short by the caller (speech or a key)."""
         return len(self.cut_at)
+
+    @property
+    def held_unsure(self) -> str | None:
+        """Words over the held reply that were not understood, while the caller's pause
+        is still short enough to be one inside their words (the reply goes on once it is
+        longer; it stays held if they go on)."""
+        return None if self._held is None else self._held.unsure
 
     def on_event(self, event: AgentEvent) -> None:
         self.events.append(event)
@@ -597,9 +605,11 @@ class VoiceAgent(Agent):
         first pause, what did they say?"""
         if self._user_speaking:
             held.speech += 1
-            held.probe = None  # they went on: what an earlier pause held is not all of it
-            if held.speech * FRAME_MS > BACKCHANNEL_MAX_MS:
+            held.probe = held.unsure = None  # they went on: an earlier pause's words are
+            if held.speech * FRAME_MS > BACKCHANNEL_MAX_MS:  # not all of it
                 self._commit_hold()
+        elif held.unsure is not None and self._quiet >= WORD_GAP_TICKS:
+            self._resume(held.unsure, "not understood")
         elif held.probe is None and self._quiet * FRAME_MS >= SPECULATE_MS:
             # the words since the hold, as one clip: an utterance this short is heard best
             # whole (the transcriber's segments cut it at the VAD's flickers)
@@ -638,20 +648,26 @@ class VoiceAgent(Agent):
         if held.echo_suspect and self._our_own_words(text):
             self.echo_resumes += 1
             self._resume(text, "only our own words: line echo", backchannel=False)
-        elif not unheard_words and is_backchannel(text, known):
+        elif normalize(text) and is_backchannel(text, known):
             self._resume(text)
-        elif (
+        elif (not unheard_words and is_backchannel(text, known)) or (
             known
             and short
             and len(normalize(text)) <= MAX_WORDS
             and not takes_floor(text)
             and not self._understood(text)
         ):
-            # a hum the ASR made words of ("mm-hmm" as "A minimum."): giving the reply up
-            # for it would only earn the caller a "sorry, I didn't catch that". More words
-            # than a backchannel has are a question heard wrong (a quiet caller over loss):
-            # the reply stops for them as for any caller taking the floor
-            self._resume(text, "not understood")
+            # a hum the ASR made nothing or words of ("mm-hmm" as "A minimum."): giving
+            # the reply up for it would only earn the caller a "sorry, I didn't catch
+            # that". More words than a backchannel has are a question heard wrong (a quiet
+            # caller over loss): the reply stops for them as for any caller taking the
+            # floor. So may these, if the pause was only one inside the words (a quiet
+            # caller over loss: "Well," at the first 60 ms pause of "What are your opening
+            # hours?"): the reply goes on once the pause is one between sentences
+            if self._quiet >= WORD_GAP_TICKS:
+                self._resume(text, "not understood")
+            else:
+                held.unsure = text
         else:
             shown = sensitive_text(text) if self.sensitive else text  # a PIN said over the
             log.debug("over a held reply: %r, not a backchannel", shown)  # prompt for it
