@@ -122,6 +122,8 @@ class JitterIngest:
         self._last_played_seq: int | None = None
         self._mode = "silence"  # what the last output sample was: audio | loss | silence
         self._tail_left = 0
+        self._tail_len = 0  # samples of the concealed tail that fades into a silence
+        self._announced = False  # a CN packet said the sender went quiet (RFC 3389)
         self._energy_ema = 0.0
         self._frames_seen = 0
         self._last_now = 0.0

@@ -30,9 +30,15 @@ Design
   with thresholds that widen the further off the delay is.
 * **Holes** are classified by sequence numbers: if the packet after the last
   one played is missing although something newer arrived, the hole is a
-  loss (PLC, counted `concealed`); otherwise it is DTX silence (<= 1 frame of
-  faded PLC tail, then comfort noise at the last RFC 3389 level, counted
-  `comfort_noise`).
+  loss (PLC, counted `concealed`); otherwise it is DTX silence (a faded PLC
+  tail, then comfort noise at the last RFC 3389 level, counted
+  `comfort_noise`). The tail is 1 frame after a CN packet, which says the
+  sender went quiet, and `UNANNOUNCED_TAIL_FRAMES` otherwise: with nothing
+  newer buffered yet (a 20 ms target), a burst of loss mid-word is not known
+  for one until the packet after it arrives, and playing it as silence put
+  holes of digital zero into the caller's words, which the VAD and the
+  recogniser took for pauses (a G.711 stream without DTX goes quiet this way
+  only when it is lost).
 """
 
 from __future__ import annotations
@@ -46,6 +52,10 @@ from numpy.typing import NDArray
 from jitter.jitter_ingest import _MAX_TIME_S, _SEEN_MASK, JitterIngest, JitterStats, _finite
 
 __all__ = ["JitterBuffer", "JitterStats"]
+
+#: Frames of fading concealment when the stream stops with no CN packet (as G.711
+#: Appendix I, it reaches silence 60 ms into an erasure).
+UNANNOUNCED_TAIL_FRAMES = 3
 
 
 class JitterBuffer(JitterIngest):
@@ -97,16 +107,18 @@ class JitterBuffer(JitterIngest):
     def _silence_fill(self, n: int) -> NDArray[np.int16]:
         cn = self._cng.generate(n)
         if self._mode != "silence":
-            self._tail_left = self.frame_samples if self._mode == "audio" else 0
+            frames = 1 if self._announced else UNANNOUNCED_TAIL_FRAMES
+            self._tail_len = self.frame_samples * frames if self._mode == "audio" else 0
+            self._tail_left = self._tail_len
             if self._tail_left == 0:
                 self._plc.end_erasure()
         self._mode = "silence"
         k = min(n, self._tail_left)
         if k > 0:
             syn = self._plc.conceal(k).astype(np.float64)
-            f = self.frame_samples
-            pos = f - self._tail_left
-            fade = 1.0 - (pos + np.arange(k) + 0.5) / f
+            t = self._tail_len
+            pos = t - self._tail_left
+            fade = 1.0 - (pos + np.arange(k) + 0.5) / t
             cn[:k] = syn * fade + cn[:k] * (1.0 - fade)
             self._tail_left -= k
             if self._tail_left == 0:
@@ -157,6 +169,7 @@ class JitterBuffer(JitterIngest):
             ev = self._cn_events
             while ev and ev[0][0] <= c:
                 _, s = ev.popleft()
+                self._announced = True
                 lp = self._last_played_seq
                 self._last_played_seq = s if lp is None else max(lp, s)
         if len(self._markers) > 64:
@@ -259,13 +272,14 @@ class JitterBuffer(JitterIngest):
                 self._pts = c2 - self._ts_off
                 self._dropped += 1
                 self._mode = "audio"
+                self._announced = False
                 return out
         if (hi < lo_gate and low) or (hi < lo_gate - 0.004 and below_avg) or hi < lo_gate - 0.010:
             self._inserted += 1
             self._pts = None
             self._mode = "audio"
             return self._plc.stretch(f)
-        blend = self._mode != "silence"
+        blend = self._mode != "silence" or self._tail_left > 0  # into a fading tail
         if not blend:
             self._plc.end_erasure()
         out = self._plc.good(frame.copy(), blend=blend)
@@ -277,6 +291,7 @@ class JitterBuffer(JitterIngest):
         self._last_played_seq = int(ring.seq[(c + f - 1) % cap])
         self._pts = c - self._ts_off
         self._mode = "audio"
+        self._announced = False
         return out
 
     def _produce(self, p: int) -> NDArray[np.int16]:
@@ -290,12 +305,13 @@ class JitterBuffer(JitterIngest):
         any_loss = any_sil = False
         for a, b in itertools.pairwise(edges):
             if mask[a]:
-                blend = self._mode != "silence"
+                blend = self._mode != "silence" or self._tail_left > 0  # into a fading tail
                 if not blend:
                     self._plc.end_erasure()
                 out[a:b] = self._plc.good(data[a:b], blend=blend)
                 self._last_played_seq = int(seqs[b - 1])
                 self._mode = "audio"
+                self._announced = False
             else:
                 nxt = p + b if b < f else self._next_valid(p + b)
                 if self._hole_is_loss(nxt):

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from numpy.typing import NDArray
@@ -177,6 +178,42 @@ def test_lost_packet_is_concealed_and_counted() -> None:
     run = drive(pkts)
     s = run.jb.stats
     assert s.lost == 1 and s.concealed == 1 and s.late == 0
+
+
+@pytest.mark.parametrize("burst", [1, 2, 3])
+def test_a_burst_lost_at_the_edge_of_a_short_buffer_fades_instead_of_falling_silent(
+    burst: int,
+) -> None:
+    """On loopback at a 20 ms target nothing newer is buffered when a lost packet is due,
+    so the hole is not yet known for a loss: it fades out as G.711 Appendix I conceals
+    (60 ms to silence), never drops to digital zero mid-word (the VAD and the recogniser
+    took 40 ms of zeros in a caller's question for a pause), and the words after it play
+    as sent."""
+    pkts = stream(120, delay=0.001)
+    lost = range(60, 60 + burst)
+    kept = [p for i, p in enumerate(pkts) if i not in lost]
+    run = drive(kept, JitterBuffer(RATE, min_delay_ms=20))
+    first = run.pts.index(pkts[lost[0] - 1].ts_ext)  # the frame before the hole
+    hole = run.frames[first + 1 : first + 1 + burst]
+    assert all(f.any() for f in hole)
+    rms = [float(np.sqrt(np.mean(f.astype(np.float64) ** 2))) for f in hole]
+    assert rms == sorted(rms, reverse=True)  # fading
+    after = run.pts.index(pkts[lost[-1] + 1].ts_ext)
+    assert after == first + 1 + burst  # no frame of the words after it is lost
+    got = np.concatenate(run.frames[after + 1 : after + 20])
+    want = pcm_at(pkts[lost[-1] + 2].ts_ext, got.size)
+    assert np.array_equal(got, want)
+
+
+def test_a_silence_announced_by_comfort_noise_fades_in_one_frame() -> None:
+    """A CN packet says the sender went quiet: one frame of tail, then the noise."""
+    a = stream(100, seq0=10, ts0=0, delay=0.001)
+    cn = Pkt(110, a[-1].ts_ext + FRAME, 0, a[-1].arrival + TICK, cn=True)
+    run = drive([*a, cn], JitterBuffer(RATE, min_delay_ms=20))
+    last = run.pts.index(a[-1].ts_ext)
+    level = [float(np.sqrt(np.mean(f.astype(np.float64) ** 2))) for f in run.frames]
+    assert level[last + 1] > 700  # the tail
+    assert all(150 < x < 700 for x in level[last + 2 : last + 10])  # -40 dBov of noise
 
 
 def key_press(pkts: list[Pkt], first: int, count: int) -> list[Pkt]:
@@ -482,7 +519,9 @@ def test_a_frame_with_a_hole_is_not_taken_for_a_full_one() -> None:
     out = jb.pop(10 * TICK + 0.03)
     want = pcm_at(base, FRAME)
     assert np.array_equal(out[:60], want[:60])
-    assert np.array_equal(out[100:], want[100:])
+    # the audio after the gap plays as sent once it has cross-faded (at most 10 ms) out of
+    # the concealment that filled the gap
+    assert np.array_equal(out[180:], want[180:])
     assert not np.array_equal(out[60:100], want[60:100])  # filled, not taken as audio
 
 
