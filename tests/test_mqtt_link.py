@@ -285,8 +285,15 @@ def test_broker_outage_spools_then_delivers_everything(tmp_path: Path) -> None:
         finally:
             broker.stop()
         assert total - outage_from > 100, "most events were published during the outage"
-        slowest = max(took)
-        assert slowest < 0.005, f"publish took {slowest * 1000:.2f} ms"
+        # publish never waits on the broker: a blocked call would cost a connect's or a
+        # send's timeout (hundreds of ms) and repeat for every event of the outage, while
+        # one preemption of the test's process on a loaded machine costs a few ms once
+        # (6.04 ms once in a full suite run): so count the slow ones, not the maximum
+        slow = sorted(took)
+        assert slow[len(slow) // 2] < 0.001, f"median publish {slow[len(slow) // 2]:.4f} s"
+        over = sum(t >= 0.005 for t in took)
+        assert over <= total // 100, f"{over} publishes took 5 ms or more"
+        assert slow[-1] < 0.1, f"a publish took {slow[-1] * 1000:.1f} ms"
         stream = first_occurrences(before.seqs() + after.seqs())
         assert stream == list(range(1, total + 1)), "every seq once, in order, after dedup"
         for call in ("call-0", "call-1", "call-2"):
