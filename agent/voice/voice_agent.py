@@ -634,7 +634,7 @@ class VoiceAgent(Agent):
             text = ""
         # nothing made out is a hum, if short; a longer utterance the ASR missed was words
         short = held.speech * FRAME_MS <= UNHEARD_BACKCHANNEL_MS
-        unheard_words = not short and not normalize(text)
+        words = normalize(text)
         now = time.monotonic()
         log.debug(
             "held reply: %d ms of speech; probed %.0f ms after the hold, queued %.0f ms, "
@@ -648,14 +648,13 @@ class VoiceAgent(Agent):
         if held.echo_suspect and self._our_own_words(text):
             self.echo_resumes += 1
             self._resume(text, "only our own words: line echo", backchannel=False)
-        elif normalize(text) and is_backchannel(text, known):
+        elif words and is_backchannel(text, known):
             self._resume(text)
-        elif (not unheard_words and is_backchannel(text, known)) or (
+        elif (
             known
             and short
-            and len(normalize(text)) <= MAX_WORDS
-            and not takes_floor(text)
-            and not self._understood(text)
+            and len(words) <= MAX_WORDS
+            and not (words and (takes_floor(text) or self._understood(text)))
         ):
             # a hum the ASR made nothing or words of ("mm-hmm" as "A minimum."): giving
             # the reply up for it would only earn the caller a "sorry, I didn't catch
