@@ -32,6 +32,7 @@ digits on both sides). Prompts over ``--max-s`` seconds, or whose text has no wo
     .venv/bin/python bench/asr_wer.py                  # every usable prompt, ~15 min
     .venv/bin/python bench/asr_wer.py --limit 40       # a seeded sample
     .venv/bin/python bench/asr_wer.py --level-dbfs -35 --noise-snr-db 20 --codec PCMA
+    .venv/bin/python bench/asr_wer.py --limit 60 --loss-pct 3   # bursty loss on the bridge path
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from sip_bridge.config.loader import BridgeConfig, load_config
 from sip_bridge.media.pacer import next_tick
 from sip_bridge.media.rtp import RtpSender
 from sip_bridge.media.rtp_receiver import CODECS, RtpReceiver
+from sip_bridge.script.line_sim import PacketSchedule
 from testkit.agent_capture import Capture
 from testkit.line_echo import active_level_dbfs, line_noise
 from testkit.wer import WordErrors, wer_words, word_errors
@@ -224,6 +226,8 @@ class BridgeListener:
 
     config: BridgeConfig
     codec: str = "PCMU"  # the caller's G.711 law, PCMU or PCMA (may change between calls)
+    loss_pct: float = 0.0  # bursty loss of the caller's packets (as `sip-bridge script`'s)
+    seed: int = 1
     models: VoiceModels = field(init=False)
     profile: AgentProfile = field(init=False)
     _pool: _Settling = field(init=False)
@@ -268,6 +272,7 @@ class BridgeListener:
         if self.codec not in PAYLOAD_TYPES:
             raise ValueError(f"codec {self.codec!r}: PCMU or PCMA")
         self._calls += 1
+        line = PacketSchedule(self.loss_pct, seed=self.seed * 100_000 + self._calls)
         j = self.config.jitter
         jb = JitterBuffer(RATE, 20, j.min_delay_ms, j.max_delay_ms, follows_due=True)
         pt = PAYLOAD_TYPES[self.codec]
@@ -283,7 +288,8 @@ class BridgeListener:
         try:
             for k, datagram in enumerate(self._packets(pcm8k)):
                 now = k * FRAME_S
-                rx.receive(datagram, CALLER, now)
+                if line.next() is not None:
+                    rx.receive(datagram, CALLER, now)
                 while rx_due <= now + 1e-9:  # the media clock's pops, on its schedule
                     frame = jb.pop(rx_due)
                     rx_due = next_tick(rx_due, FRAME_S, jb.due_s, lag_s=0.0002)
@@ -369,7 +375,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         prompts = sorted(random.Random(args.seed).sample(prompts, args.limit), key=lambda p: p.name)
     config = load_config(ROOT / "config" / "bridge.toml")
     t0 = time.monotonic()
-    listener = BridgeListener(config, args.codec)
+    listener = BridgeListener(config, args.codec, args.loss_pct, args.seed)
     load_s = time.monotonic() - t0
     tallies = {"clean": _Tally(), "bridge": _Tally()}
     rows: list[dict[str, Any]] = []
@@ -416,6 +422,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "codec": args.codec,
         "level_dbfs": args.level_dbfs,
         "noise_snr_db": args.noise_snr_db,
+        "loss_pct": args.loss_pct,
         "seed": args.seed,
         "bridge_path": listener.stages(),
         "conditions": {k: t.figures(audio_s) for k, t in tallies.items()},
@@ -445,6 +452,13 @@ def main(argv: list[str] | None = None) -> int:
         help="telephone-band hiss this many dB below the speech (default: none)",
     )
     p.add_argument("--codec", choices=sorted(PAYLOAD_TYPES), default="PCMU")
+    p.add_argument(
+        "--loss-pct",
+        type=float,
+        default=0.0,
+        help="bursty loss of the caller's packets on the bridge path (Gilbert-Elliott, mean "
+        "burst 3 packets, as `sip-bridge script --loss-pct`); the clean path has none",
+    )
     p.add_argument("--max-s", type=float, default=12.0, help="skip longer prompts")
     p.add_argument("--sounds", default=str(SOUNDS))
     p.add_argument("--texts", default=str(TEXTS))
