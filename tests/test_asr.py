@@ -22,8 +22,12 @@ import numpy as np
 import pytest
 from numpy.typing import NDArray
 
+from agent.dialogue.profile_loader import load_profile
+from agent.dialogue.vocabulary import listening_phrases
 from agent.transcript import Transcript
 from agent.voice.asr import LEAD_S, TAIL_S, IncrementalTranscriber, MoonshineAsr, Tokenizer, framed
+from agent.voice.phrase_bias import PhraseBias
+from resample import ulaw_decode, ulaw_encode
 from resample.resampler import Resampler
 from testkit.models import model_file as _model_file
 
@@ -69,12 +73,21 @@ def _beckett() -> NDArray[np.int16]:
         return np.frombuffer(w.readframes(w.getnframes()), np.int16).copy()
 
 
-def _espeak_16k(text: str, tmp: Path) -> NDArray[np.int16]:
+def _espeak_16k(
+    text: str, tmp: Path, *, voice: str = "en-us", g711: bool = False
+) -> NDArray[np.int16]:
+    """espeak-ng at 16 kHz; ``g711``: as a caller's line brings it (8 kHz, mu-law)."""
     wav = tmp / "tts.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "160", "-w", str(wav), text], check=True)
+    subprocess.run(["espeak-ng", "-v", voice, "-s", "160", "-w", str(wav), text], check=True)
     with wave.open(str(wav)) as w:
         assert w.getframerate() == 22050
         x = np.frombuffer(w.readframes(w.getnframes()), np.int16)
+    if g711:
+        line = Resampler(22050, 8000)
+        x8 = np.concatenate([line.process(x), line.process(np.zeros(2205, np.int16))])
+        heard = ulaw_decode(ulaw_encode(x8))
+        up = Resampler(8000, 16000)
+        return np.concatenate([up.process(heard), up.process(np.zeros(800, np.int16))])
     rs = Resampler(22050, 16000)
     return np.concatenate([rs.process(x), rs.process(np.zeros(2205, np.int16))])
 
@@ -204,6 +217,65 @@ def test_a_clip_that_holds_speech_is_not_ended_before_its_first_word(asr: Moonsh
     assert heard == "Bob" and heard.confidence < 0.5
 
 
+def test_a_close_second_that_carries_a_phrase_on_is_chosen(asr: MoonshineAsr) -> None:
+    """Scripted logits, as the decoder gave them for an espeak "No thanks, goodbye." over
+    G.711: " nor" first (-0.77), " good" second (-0.91). Greedy, "No thanks, nor lie.";
+    leaning toward the demo's "goodbye", "No thanks, goodbye." A token far behind is not
+    moved up, and the transcript's confidence stays the model's own (" good" was less
+    sure than " nor" would have been)."""
+    vocab = json.loads(_model_file("moonshine-base-en", "tokenizer.json").read_text())["model"]
+    ids = vocab["vocab"]
+    script = [
+        {"▁No": 0.0},
+        {"▁thanks": 0.0},
+        {",": 0.0},
+        {"▁nor": -0.77, "▁good": -0.91},
+        {"bye": -0.5, "▁lie": -0.4},
+        {"</s>": 0.0, ".": -3.0},
+    ]
+
+    class Scripted:
+        def __init__(self, real: object, behind: float = 0.0) -> None:
+            self.real, self.step, self.behind = real, 0, behind
+
+        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
+            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
+            out[0] = np.full_like(out[0], -20.0)
+            step = script[min(self.step, len(script) - 1)]
+            for piece, logit in step.items():
+                out[0][..., 2 if piece == "</s>" else ids[piece]] = logit
+            if self.step == 3:
+                out[0][..., ids["▁good"]] -= self.behind
+            self.step += 1
+            return out
+
+    clip = _beckett()[RATE : 2 * RATE]
+    quick = MoonshineAsr.__new__(MoonshineAsr)
+    quick.__dict__.update(asr.__dict__)
+    quick.decoder = Scripted(asr.decoder)
+    assert quick.transcribe(clip) == "No thanks, nor lie"
+    bias = PhraseBias(["goodbye", "no thanks", "order"], 0.5)
+    quick.decoder = Scripted(asr.decoder)
+    heard = quick.transcribe(clip, bias=bias)
+    assert heard == "No thanks, goodbye" and heard.confidence < 0.5
+    quick.decoder = Scripted(asr.decoder, behind=3.0)  # 3 nats behind: the model's choice
+    assert quick.transcribe(clip, bias=bias) == "No thanks, nor lie"
+
+
+def test_the_demo_vocabulary_hears_a_goodbye_an_english_voice_blurs(
+    asr: MoonshineAsr, tmp_path: Path
+) -> None:
+    """espeak's en-gb-x-rp+f3 "That's all." over G.711 is heard as "Next hole." here (and
+    as "Next fall," or "Maxoul," at -25 and -35 dBFS over 3 % loss): the demo answers it
+    with "Sorry, I didn't catch that" and the caller's goodbye is lost. Leaning toward the
+    demo's phrases ("thats all" is one of its goodbye keywords), it is heard."""
+    clip = _espeak_16k("That's all.", tmp_path, voice="en-gb-x-rp+f3", g711=True)
+    profile = load_profile(Path(__file__).resolve().parents[1] / "config/agents/demo.toml")
+    bias = PhraseBias(listening_phrases(profile), profile.matching.phrase_boost)
+    heard = asr.transcribe(clip, bias=bias)
+    assert _words(heard) == ["that's", "all"], heard
+
+
 def test_the_transcriber_expects_words_of_half_a_second_of_speech() -> None:
     """Segments with 0.5 s or more of VAD speech are decoded with words expected; a
     shorter one (a cough, "mm") may come out empty."""
@@ -212,7 +284,9 @@ def test_the_transcriber_expects_words_of_half_a_second_of_speech() -> None:
     class Recording:
         sample_rate = RATE
 
-        def transcribe(self, pcm: NDArray[np.int16], *, words_expected: bool = False) -> str:
+        def transcribe(
+            self, pcm: NDArray[np.int16], *, words_expected: bool = False, bias: object = None
+        ) -> str:
             calls.append(words_expected)
             return "x"
 

@@ -82,6 +82,14 @@ def test_backchannels_default_listed_or_off(tmp_path: Path) -> None:
     assert load_profile(_write(tmp_path, off)).barge_in.backchannels == ()
 
 
+def test_matching_phrases_are_read_normalised_and_the_boost_can_be_off(tmp_path: Path) -> None:
+    default = load_profile(_write(tmp_path, MINIMAL)).matching
+    assert default.phrase_boost == 0.5 and default.phrases == ()
+    own = MINIMAL + '[matching]\nphrases = ["Acme Pro", "order-ID"]\nphrase_boost = 0\n'
+    matching = load_profile(_write(tmp_path, own)).matching
+    assert matching.phrases == ("acme pro", "order id") and matching.phrase_boost == 0.0
+
+
 def test_llm_section_is_read(tmp_path: Path) -> None:
     text = MINIMAL + (
         '[llm]\nmode = "primary"\nbase_url = "http://127.0.0.1:8080/v1"\nmodel = "m"\n'
@@ -296,6 +304,9 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             "slots.s.digit_timeout_s",
             "only digits, date, time, number slots have keypad entry",
         ),
+        ("[matching]\nphrase_boost = 3\n", 11, "matching.phrase_boost", "must be 0..2"),
+        ('[matching]\nphrases = ["!!"]\n', 11, "matching.phrases", "'!!' has no words"),
+        ('[matching]\nphrases = "acme"\n', 11, "matching.phrases", "expected list"),
         ('[transfer]\nhold_music = "x.wav"\n', 11, "transfer.hold_music", "unknown key"),
         ('[transfer]\nhold_audio = "nope.wav"\n', 11, "transfer.hold_audio", "no such file"),
         (

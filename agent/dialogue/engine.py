@@ -39,6 +39,7 @@ from agent.dialogue.sentences import SentenceBuffer
 from agent.dialogue.slot_rules import KEYED, PREFILLED, from_keys, hear, needs_confirmation, problem
 from agent.dialogue.slot_values import Heard
 from agent.dialogue.spoken_numbers import digit_runs, yes_no
+from agent.dialogue.vocabulary import listening_phrases
 from agent.redaction import sensitive_text
 from agent.transcript import confidence_of
 from agent.words import normalize
@@ -246,6 +247,12 @@ class DialogueEngine:
         slot = self._slot_asked()
         retry = slot.retry.render(self._vars) if slot is not None else None
         return self._miss(retry) + self._after_turn()
+
+    def listening_for(self) -> tuple[str, ...]:
+        """The phrases a caller is likely to say now (:mod:`agent.dialogue.vocabulary`):
+        what the recogniser leans toward."""
+        slot = self.profile.slots[self._pending] if self._pending is not None else None
+        return listening_phrases(self.profile, slot, confirming=self._confirming is not None)
 
     def _slot_asked(self) -> SlotSpec | None:
         """The slot whose question is open (not one being confirmed): what to ask again."""

@@ -58,7 +58,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     "agent": _keys(_STR, "name greeting language filler")
     | {"filler_tone_hz": _NUM, "filler_after_ms": _INT},
     "variables": {},
-    "matching": _keys(_NUM, "fuzzy_threshold example_threshold"),
+    "matching": _keys(_NUM, "fuzzy_threshold example_threshold phrase_boost") | {"phrases": _LIST},
     "limits": {"max_turns": _INT, "max_call_s": _NUM, "no_input_s": _NUM, "no_input_prompts": _INT}
     | _keys(_STR, "closing no_input_reply no_input_goodbye"),
     "fallback": _keys(_STR, "escalate_reply escalate_transfer transfer_failed")
@@ -272,9 +272,13 @@ def _build(ld: _Loader, data: dict[str, Any]) -> AgentProfile:
     voice = Voice(float(vo.get("length_scale", 1.0)))
     ld.number("voice", "length_scale", voice.length_scale, 0.5, 2.0)
     ma = ld.table("matching", data.get("matching", {}), "matching")
-    matching = Matching(**{k: float(v) for k, v in ma.items()})
-    for k, v in ma.items():
-        ld.number("matching", k, v, 0.5, 1.0)
+    matching = Matching(
+        **{k: float(v) for k, v in ma.items() if k != "phrases"},
+        phrases=_phrases(ld, ma.get("phrases", [])),
+    )
+    for k in ("fuzzy_threshold", "example_threshold"):
+        ld.number("matching", k, getattr(matching, k), 0.5, 1.0)
+    ld.number("matching", "phrase_boost", matching.phrase_boost, 0.0, 2.0)
     return AgentProfile(
         hours=_build_hours(ld, data.get("hours")),
         name=agent.get("name", Path(ld.path).stem),
@@ -342,6 +346,16 @@ def _build_backchannels(ld: _Loader, raw: list[str]) -> tuple[tuple[str, ...], .
         if len(words) > MAX_WORDS:
             ld.fail("barge_in", "backchannels", f"{text!r}: a backchannel is 1-{MAX_WORDS} words")
         out.append(words)
+    return tuple(out)
+
+
+def _phrases(ld: _Loader, raw: list[Any]) -> tuple[str, ...]:
+    out = []
+    for text in raw:
+        words = normalize(text)  # a list of strings: checked with the table
+        if not words:
+            ld.fail("matching", "phrases", f"{text!r} has no words")
+        out.append(" ".join(words))
     return tuple(out)
 
 

@@ -18,7 +18,7 @@ import logging
 import math
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
@@ -26,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.transcript import Transcript, joined
+from agent.voice.phrase_bias import CANDIDATES, PhraseBias, bias_text
 
 __all__ = [
     "LEAD_S",
@@ -204,7 +205,11 @@ class MoonshineAsr:
         return self.decode(pcm)[0]
 
     def decode(
-        self, pcm: NDArray[np.int16] | NDArray[np.float32], *, words_expected: bool = False
+        self,
+        pcm: NDArray[np.int16] | NDArray[np.float32],
+        *,
+        words_expected: bool = False,
+        bias: PhraseBias | None = None,
     ) -> tuple[list[int], float]:
         """Greedy decode: the token ids (without start and end tokens), and the softmax
         probability of the least certain word token chosen (1.0 when nothing was said).
@@ -213,7 +218,10 @@ class MoonshineAsr:
         by the VAD); the end of text may not come first. Moonshine sometimes ends at once
         on a clear short sentence (6 of 48 espeak phrases over G.711 here: "Bob Jones.",
         "Tomorrow at ten."), leaving the caller unanswered; barred, its next choice is
-        mostly the words (and its low probability marks the doubt)."""
+        mostly the words (and its low probability marks the doubt).
+
+        ``bias``: the phrases to lean toward (:mod:`agent.voice.phrase_bias`); the chosen
+        token's own probability still counts for the confidence."""
         x = _to_float(pcm)
         if x.size < _MIN_S * self.sample_rate:
             return [], 1.0
@@ -235,10 +243,12 @@ class MoonshineAsr:
             }
             logits, *present = self.decoder.run(None, feeds)
             last = logits[0, -1].astype(np.float64)
+            choice = last
             if step == 0 and words_expected:
-                token = int(np.argmax(np.where(np.arange(last.size) == _EOS, -np.inf, last)))
-            else:
-                token = int(np.argmax(last))
+                choice = np.where(np.arange(last.size) == _EOS, -np.inf, last)
+            token = int(np.argmax(choice))
+            if bias is not None and bias.active:
+                token = self._leaning(choice, out, bias)
             if token == _EOS:
                 break
             out.append(token)
@@ -252,13 +262,31 @@ class MoonshineAsr:
             )
         return out, least
 
+    def _leaning(self, logits: NDArray[np.float64], out: list[int], bias: PhraseBias) -> int:
+        """The best of the decoder's few best candidates once each has its phrase bonus
+        (the end of text has none)."""
+        top = np.argpartition(-logits, CANDIDATES)[:CANDIDATES]
+        before = bias_text(self.tokenizer.decode(out))
+        best, best_score = -1, -np.inf
+        for t in top.tolist():
+            score = float(logits[t])
+            if t != _EOS and score > -np.inf:
+                score += bias.bonus(before, bias_text(self.tokenizer.decode([*out, t])))
+            if score > best_score:
+                best, best_score = t, score
+        return best
+
     def transcribe(
-        self, pcm: NDArray[np.int16] | NDArray[np.float32], *, words_expected: bool = False
+        self,
+        pcm: NDArray[np.int16] | NDArray[np.float32],
+        *,
+        words_expected: bool = False,
+        bias: PhraseBias | None = None,
     ) -> Transcript:
         """Text of a whole utterance ("" for silence or under 0.1 s of audio), with how
-        sure the decoder was of its least certain token (``words_expected``: see
+        sure the decoder was of its least certain token (``words_expected``, ``bias``: see
         :meth:`decode`)."""
-        ids, least = self.decode(pcm, words_expected=words_expected)
+        ids, least = self.decode(pcm, words_expected=words_expected, bias=bias)
         return Transcript(self.tokenizer.decode(ids).strip(), least)
 
 
@@ -297,6 +325,8 @@ class IncrementalTranscriber:
         self._said: list[NDArray[np.int16]] = []  # the closed segments' audio, in order
         self._speech = 0  # samples the VAD called speech in the open segment
         self._sure = round(_WORDS_EXPECTED_S * rate)
+        #: what to lean toward, asked as each segment is sent (the dialogue's point then)
+        self.bias_source: Callable[[], PhraseBias | None] | None = None
 
     def push(self, pcm16k: NDArray[np.int16], speech: bool) -> None:
         """Add 16 kHz audio and the VAD's verdict for it; never waits for inference."""
@@ -391,7 +421,8 @@ class IncrementalTranscriber:
     def _submit(self, audio: NDArray[np.int16]) -> concurrent.futures.Future[str]:
         """Transcribe the open segment's ``audio`` in the executor."""
         sure = self._speech >= self._sure  # half a second of speech holds words
-        return self.executor.submit(self.asr.transcribe, audio, words_expected=sure)
+        bias = self.bias_source() if self.bias_source is not None else None
+        return self.executor.submit(self.asr.transcribe, audio, words_expected=sure, bias=bias)
 
     def _clear(self) -> None:
         self._chunks, self._size, self._voiced, self._quiet = [], 0, False, 0

@@ -64,6 +64,7 @@ from agent.ticks import FRAME, FRAME_MS, RATE, TICK_S
 from agent.voice.asr import PREROLL_S
 from agent.voice.barge_in import BargeInGate, EchoGate, LoudnessGate
 from agent.voice.call_flow import CallFlow
+from agent.voice.phrase_bias import PhraseBias, phrase_bias
 from agent.voice.reply_playout import ReplyPlayout
 from agent.voice.speculation import Speculation
 from agent.voice.voice_models import FIRST_WORDS, VoiceModels
@@ -241,6 +242,7 @@ class VoiceAgent(Agent):
         self._vad = models.vad_stream(self._on_vad)
         self._vad_errors = 0
         self._stt = models.transcriber(self.guard.executor("asr"))
+        self._stt.bias_source = self._phrase_bias
         self._eot = models.end_of_turn(self.settings, self.guard.executor("turn"))
         self.playout = ReplyPlayout()
         # dead air, fillers and transfer ringback: what the caller hears between replies
@@ -296,6 +298,14 @@ class VoiceAgent(Agent):
     @property
     def sensitive(self) -> bool:
         return self.engine is not None and self.engine.collecting_sensitive
+
+    def _phrase_bias(self) -> PhraseBias | None:
+        """What the recogniser leans toward at this point of the dialogue (``[matching]
+        phrase_boost``; None when off or before the call starts)."""
+        weight = self.profile.matching.phrase_boost
+        if self.engine is None or weight <= 0:
+            return None
+        return phrase_bias(self.engine.listening_for(), weight)
 
     async def start(self, call: CallInfo, output: AgentOutput) -> None:
         self._out = output
