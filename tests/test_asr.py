@@ -186,6 +186,34 @@ def test_the_transcript_carries_the_least_sure_words_probability(asr: MoonshineA
     assert not any(tok.has_word(i) for i in (vocab["."], vocab["▁"], 1, 2, 32000))
 
 
+_EOS = 2  # Moonshine's end of text
+
+
+def _scripted(
+    asr: MoonshineAsr, steps: list[dict[int, float]], floor: float = -20.0
+) -> MoonshineAsr:
+    """``asr`` whose decoder gives scripted logits: step i sets ``steps[i]`` (token id ->
+    logit; the last step repeats) over ``floor`` everywhere else. The real decoder still
+    runs, so the cache shapes are its own."""
+
+    class Scripted:
+        def __init__(self, real: object) -> None:
+            self.real, self.step = real, 0
+
+        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
+            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
+            out[0] = np.full_like(out[0], floor)
+            for token, logit in steps[min(self.step, len(steps) - 1)].items():
+                out[0][..., token] = logit
+            self.step += 1
+            return out
+
+    quick = MoonshineAsr.__new__(MoonshineAsr)
+    quick.__dict__.update(asr.__dict__)
+    quick.decoder = Scripted(asr.decoder)
+    return quick
+
+
 def test_a_clip_that_holds_speech_is_not_ended_before_its_first_word(asr: MoonshineAsr) -> None:
     """Scripted logits: the end of text first (logit 5), "Bob" a close second (4). As
     decoded, nothing; with ``words_expected`` (the VAD heard half a second of speech),
@@ -193,27 +221,11 @@ def test_a_clip_that_holds_speech_is_not_ended_before_its_first_word(asr: Moonsh
     path = _model_file("moonshine-base-en", "tokenizer.json")
     vocab = json.loads(path.read_text(encoding="utf-8"))["model"]["vocab"]
 
-    class EndsAtOnce:
-        def __init__(self, real: object) -> None:
-            self.real, self.step = real, 0
-
-        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
-            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
-            out[0] = np.zeros_like(out[0])
-            if self.step == 0:
-                out[0][..., 2], out[0][..., vocab["▁Bob"]] = 5.0, 4.0  # 2: end of text
-            else:
-                out[0][..., 2] = 10.0
-            self.step += 1
-            return out
-
+    bob = vocab["▁Bob"]
     clip = _beckett()[RATE : 2 * RATE]
-    quick = MoonshineAsr.__new__(MoonshineAsr)
-    quick.__dict__.update(asr.__dict__)
-    quick.decoder = EndsAtOnce(asr.decoder)
-    assert quick.transcribe(clip) == ""
-    quick.decoder = EndsAtOnce(asr.decoder)
-    heard = quick.transcribe(clip, words_expected=True)
+    steps = [{_EOS: 5.0, bob: 4.0}, {_EOS: 10.0}]
+    assert _scripted(asr, steps, 0.0).transcribe(clip) == ""
+    heard = _scripted(asr, steps, 0.0).transcribe(clip, words_expected=True)
     assert heard == "Bob" and heard.confidence < 0.5
 
 
@@ -223,43 +235,23 @@ def test_a_close_second_that_carries_a_phrase_on_is_chosen(asr: MoonshineAsr) ->
     leaning toward the demo's "goodbye", "No thanks, goodbye." A token far behind is not
     moved up, and the transcript's confidence stays the model's own (" good" was less
     sure than " nor" would have been)."""
-    vocab = json.loads(_model_file("moonshine-base-en", "tokenizer.json").read_text())["model"]
-    ids = vocab["vocab"]
-    script = [
-        {"▁No": 0.0},
-        {"▁thanks": 0.0},
-        {",": 0.0},
-        {"▁nor": -0.77, "▁good": -0.91},
-        {"bye": -0.5, "▁lie": -0.4},
-        {"</s>": 0.0, ".": -3.0},
+    ids = json.loads(_model_file("moonshine-base-en", "tokenizer.json").read_text())["model"]
+    v = ids["vocab"]
+    steps = [
+        {v["▁No"]: 0.0},
+        {v["▁thanks"]: 0.0},
+        {v[","]: 0.0},
+        {v["▁nor"]: -0.77, v["▁good"]: -0.91},
+        {v["bye"]: -0.5, v["▁lie"]: -0.4},
+        {_EOS: 0.0, v["."]: -3.0},
     ]
-
-    class Scripted:
-        def __init__(self, real: object, behind: float = 0.0) -> None:
-            self.real, self.step, self.behind = real, 0, behind
-
-        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
-            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
-            out[0] = np.full_like(out[0], -20.0)
-            step = script[min(self.step, len(script) - 1)]
-            for piece, logit in step.items():
-                out[0][..., 2 if piece == "</s>" else ids[piece]] = logit
-            if self.step == 3:
-                out[0][..., ids["▁good"]] -= self.behind
-            self.step += 1
-            return out
-
     clip = _beckett()[RATE : 2 * RATE]
-    quick = MoonshineAsr.__new__(MoonshineAsr)
-    quick.__dict__.update(asr.__dict__)
-    quick.decoder = Scripted(asr.decoder)
-    assert quick.transcribe(clip) == "No thanks, nor lie"
+    assert _scripted(asr, steps).transcribe(clip) == "No thanks, nor lie"
     bias = PhraseBias(["goodbye", "no thanks", "order"], 0.5)
-    quick.decoder = Scripted(asr.decoder)
-    heard = quick.transcribe(clip, bias=bias)
+    heard = _scripted(asr, steps).transcribe(clip, bias=bias)
     assert heard == "No thanks, goodbye" and heard.confidence < 0.5
-    quick.decoder = Scripted(asr.decoder, behind=3.0)  # 3 nats behind: the model's choice
-    assert quick.transcribe(clip, bias=bias) == "No thanks, nor lie"
+    steps[3] = {v["▁nor"]: -0.77, v["▁good"]: -3.91}  # 3 nats behind: the model's choice
+    assert _scripted(asr, steps).transcribe(clip, bias=bias) == "No thanks, nor lie"
 
 
 def test_the_demo_vocabulary_hears_a_goodbye_an_english_voice_blurs(
