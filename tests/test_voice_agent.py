@@ -638,6 +638,28 @@ async def test_dtmf_stops_the_reply_and_speaks_the_hours() -> None:
 
 
 @aio
+async def test_speech_begun_before_a_key_does_not_stop_the_keys_answer() -> None:
+    """The greeting cut by key 1: its echo, going on as "speech" that the segmenter
+    confirms only after the key (its onset before it), must not stop the answer to the
+    key. Speech begun after the key does."""
+    async with Call(greeted=False) as c:
+        await c.tick(10)
+        c.vad(True)  # "speech" under way: our echo, not yet confirmed
+        await c.tick(3, 2 * OUR_RMS)
+        c.agent.on_event(DtmfEvent("1"))
+        c.vad(True, True, lag=5 * FRAME)  # confirmed now, begun 5 ticks ago
+        await c.until(lambda: c.models.finished == 2, "the hours' TTS")
+        await c.tick(BARGE_TICKS + 2, 2 * OUR_RMS)  # on over the answer's start
+        assert c.agent.barge_ins == 1 and len(c.out.flushes) == 1  # the key's cut alone
+        assert c.agent.playout.playing  # the answer goes on
+        c.vad(False, False)
+        await c.tick(2)
+        c.vad(True, True, lag=FRAME)  # the caller, after the key: held, then a barge-in
+        await c.tick(BARGE_TICKS + BACKCHANNEL_MAX_TICKS + 2, 4 * OUR_RMS)
+        await c.until(lambda: c.agent.barge_ins == 2, "the barge-in")
+
+
+@aio
 async def test_an_empty_transcript_gets_no_reply_then_goodbye_hangs_up_after_the_audio() -> None:
     async with Call() as c:
         n = len(c.out.writes)
