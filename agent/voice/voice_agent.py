@@ -636,6 +636,8 @@ class VoiceAgent(Agent):
 
             def transcribe() -> str:
                 held.ran = time.monotonic()
+                # not leaning toward our phrases: over a reply, what comes back may be our
+                # own words' echo, which holds them
                 return self.models.asr.transcribe(clip)
 
             probe = held.probe = self.guard.executor("asr").submit(transcribe)
@@ -771,7 +773,10 @@ class VoiceAgent(Agent):
             whole = np.concatenate(clips)
             texts = [
                 self.guard.executor("asr").submit(
-                    self.models.asr.transcribe, whole, words_expected=True
+                    self.models.asr.transcribe,
+                    whole,
+                    words_expected=True,
+                    bias=self._phrase_bias(),
                 )
             ]
         tts = self.guard.executor("tts")
