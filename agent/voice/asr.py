@@ -13,6 +13,7 @@ proportional to the audio so a confused decoder cannot loop forever.
 from __future__ import annotations
 
 import concurrent.futures
+import heapq
 import json
 import logging
 import math
@@ -265,10 +266,13 @@ class MoonshineAsr:
     def _leaning(self, logits: NDArray[np.float64], out: list[int], bias: PhraseBias) -> int:
         """The best of the decoder's few best candidates once each has its phrase bonus
         (the end of text has none)."""
-        top = np.argpartition(-logits, CANDIDATES)[:CANDIDATES]
+        # only a candidate within the most a bonus can be worth of the best can overtake
+        # it (and no SIMD partition: numpy's crashed under qemu's Haswell here)
+        near = np.flatnonzero(logits >= float(np.max(logits)) - bias.reach).tolist()
+        top = heapq.nlargest(CANDIDATES, near, key=logits.__getitem__)
         before = bias_text(self.tokenizer.decode(out))
         best, best_score = -1, -np.inf
-        for t in top.tolist():
+        for t in top:
             score = float(logits[t])
             if t != _EOS and score > -np.inf:
                 score += bias.bonus(before, bias_text(self.tokenizer.decode([*out, t])))

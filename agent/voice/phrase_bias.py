@@ -68,6 +68,11 @@ class PhraseBias:
     def active(self) -> bool:
         return self.weight > 0 and bool(self.phrases)
 
+    @property
+    def reach(self) -> float:
+        """The most a candidate can earn: one carrying the longest phrase on whole."""
+        return self.weight * self._longest
+
     def bonus(self, before: str, after: str) -> float:
         """The bonus of a candidate that makes the decoded text ``after`` from ``before``
         (both as :func:`bias_text` gives them): ``weight`` times the characters of a phrase
