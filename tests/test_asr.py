@@ -263,7 +263,7 @@ def test_the_demo_vocabulary_hears_a_goodbye_an_english_voice_blurs(
     demo's phrases ("thats all" is one of its goodbye keywords), it is heard."""
     clip = _espeak_16k("That's all.", tmp_path, voice="en-gb-x-rp+f3", g711=True)
     profile = load_profile(Path(__file__).resolve().parents[1] / "config/agents/demo.toml")
-    bias = PhraseBias(listening_phrases(profile), profile.matching.phrase_boost)
+    bias = PhraseBias(listening_phrases(profile), 0.5)
     heard = asr.transcribe(clip, bias=bias)
     assert _words(heard) == ["that's", "all"], heard
 
