@@ -70,8 +70,14 @@ def _finish(proc: subprocess.Popen[str], reader: LineReader) -> list[dict[str, A
             proc.kill()
             proc.wait(timeout=5)
     reader.wait_for("<EOF>", timeout=5)
-    assert proc.returncode == 0, reader.text()[-3000:]
-    return [json.loads(line[5:]) for line in reader.lines if line.startswith("PEER ")]
+    events = [json.loads(line[5:]) for line in reader.lines if line.startswith("PEER ")]
+    # pjsua2 itself may die by a signal in its own teardown once every call has ended (a
+    # SIGSEGV after "DISCONNECTED 200", before its "done", once in a full run): that is
+    # the peer's library, not the call, which the caller's assertions judge (events, WAVs)
+    states = [e for e in events if e["ev"] == "state"]
+    ended = bool(states) and states[-1]["state"] == "DISCONNECTED"
+    assert proc.returncode == 0 or (proc.returncode < 0 and ended), reader.text()[-3000:]
+    return events
 
 
 def test_pjsua_calls_the_echo_agent_hears_its_tone_and_its_digits_arrive(tmp_path: Path) -> None:

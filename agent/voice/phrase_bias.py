@@ -16,6 +16,11 @@ otherwise lean every word that starts like a keyword ("Could" heard as "Can", fo
 "cancel"), and a short word alone its homophones ("by" as "bye"). Its earlier letters are
 paid then, so "goodbye" earns the same through " good" + "bye" as through " goodbye".
 
+Off by default (``[matching] phrase_boost = 0``): a phrase's first letters earn their bonus
+before the phrase is whole, and greedy decoding cannot take it back when it does not
+complete ("cancel an order" over a loss burst became "talk to Hansel and Norrider", for the
+"talk to a" keyword); measured in docs/voice-agent.md.
+
 No I/O, no state between decodes: :meth:`PhraseBias.bonus` is asked per candidate.
 """
 
