@@ -23,7 +23,7 @@ from typing import Any
 from sip_bridge.sip.message import NameAddr, SipUri, make_response
 from sip_bridge.sip.offer_answer import MediaConfig
 from sip_bridge.sip.transaction import RequestReceived, SendMessage
-from sip_bridge.sip.transport import Received, SipTransport
+from sip_bridge.sip.transport import Received, SipTransport, next_item
 from sip_bridge.sip.uac import CallAnswered, CallFailed, CallProgress, OutboundCall, UacEvent
 from sip_bridge.sip.uac_session import sends
 
@@ -132,10 +132,7 @@ class Transferee:
                     return
             deadline = call.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - loop.time())
-            try:
-                item = await asyncio.wait_for(inbox.get(), timeout)
-            except TimeoutError:
-                item = None
+            item = await next_item(inbox, timeout)
             now = loop.time()
             events = []
             if item is not None and item.data is not None:

@@ -24,7 +24,7 @@ from sip_bridge.media.dtmf import DtmfOutbox
 from sip_bridge.media.rtp import RtpPacket, RtpSender, looks_like_rtcp
 from sip_bridge.sip.offer_answer import MediaConfig
 from sip_bridge.sip.transaction import SendMessage
-from sip_bridge.sip.transport import Received, SipTransport
+from sip_bridge.sip.transport import Received, SipTransport, next_item
 from sip_bridge.sip.uac import OutboundCall
 from sip_bridge.sip.uac_events import CallAnswered, CallEnded, CallFailed, ReferReceived, UacEvent
 from testkit.line_echo import LineEcho
@@ -220,10 +220,7 @@ class WireCaller:
                     self._send_sip(uac.notify_refer(603, "Declined", loop.time()))
             deadline = uac.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - loop.time())
-            try:
-                item = await asyncio.wait_for(inbox.get(), timeout)
-            except TimeoutError:
-                item = None
+            item = await next_item(inbox, timeout)
             now = loop.time()
             events = []
             if isinstance(item, Received) and item.data is not None:

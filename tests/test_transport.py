@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from sip_bridge.sip.message import SipRequest, parse_message
-from sip_bridge.sip.transport import Received, SipTransport, TransportError
+from sip_bridge.sip.transport import Received, SipTransport, TransportError, next_item
 
 OPTIONS = (
     b"OPTIONS sip:bridge@{host} SIP/2.0\r\n"
@@ -140,3 +140,24 @@ def test_handler_exception_does_not_kill_the_listener() -> None:
         await t.close()
 
     asyncio.run(main())
+
+
+def test_next_item_waits_gives_up_and_is_stopped_even_as_an_item_arrives() -> None:
+    """A stopped inbox loop stops: on Python 3.11 ``wait_for`` returned the item and lost
+    the cancellation when both came in one loop pass, and a test caller's signalling loop
+    then ran on, its hang-up waiting for it until the suite's timeout."""
+
+    async def run() -> None:
+        queue: asyncio.Queue[str] = asyncio.Queue()
+        assert await next_item(queue, 0.01) is None  # nothing came in time
+        queue.put_nowait("first")
+        assert await next_item(queue, None) == "first"
+        waiting = asyncio.ensure_future(next_item(queue, 5.0))
+        await asyncio.sleep(0)  # it waits on the queue
+        queue.put_nowait("late")
+        waiting.cancel()  # in the same pass as the item
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        assert queue.get_nowait() == "late"  # nothing lost: the next reader has it
+
+    asyncio.run(run())

@@ -32,7 +32,7 @@ from sip_bridge.media.rtp_ports import RtpPortPool
 from sip_bridge.sip.message import SipUri
 from sip_bridge.sip.offer_answer import MediaConfig, NegotiatedMedia
 from sip_bridge.sip.transaction import SendMessage
-from sip_bridge.sip.transport import Received, SipTransport
+from sip_bridge.sip.transport import Received, SipTransport, next_item
 from sip_bridge.sip.uac import (
     CallAnswered,
     CallEnded,
@@ -189,10 +189,7 @@ async def place_call(opts: CallOptions) -> CallResult:
                 break
             deadline = uac.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - loop.time())
-            try:
-                item: Received | str | None = await asyncio.wait_for(inbox.get(), timeout)
-            except TimeoutError:
-                item = None
+            item = await next_item(inbox, timeout)
             now = loop.time()
             events = []
             if isinstance(item, Received) and item.data is not None:

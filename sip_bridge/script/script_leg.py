@@ -34,7 +34,7 @@ from sip_bridge.script.line_sim import LineEcho, PacketSchedule
 from sip_bridge.script.script_actions import CallerTiming
 from sip_bridge.sip.offer_answer import MediaConfig, NegotiatedMedia
 from sip_bridge.sip.transaction import SendMessage
-from sip_bridge.sip.transport import Received, SipTransport
+from sip_bridge.sip.transport import Received, SipTransport, next_item
 from sip_bridge.sip.uac import (
     CallAnswered,
     CallEnded,
@@ -150,10 +150,7 @@ class SipLeg:
                     self.done.set()
             deadline = uac.next_deadline()
             timeout = None if deadline is None else max(0.0, deadline - loop.time())
-            try:
-                item = await asyncio.wait_for(self._inbox.get(), timeout)
-            except TimeoutError:
-                item = None
+            item = await next_item(self._inbox, timeout)
             now = loop.time()
             events = []
             try:

@@ -44,6 +44,7 @@ from sip_bridge.script.script_report import CallReport, format_report, format_st
 from sip_bridge.script.script_steps import ScriptPlayer
 from sip_bridge.script.script_voice import Renderer, ScriptError, render_speech
 from sip_bridge.sip.message import SipUri
+from sip_bridge.sip.transport import next_item
 from sip_bridge.sip.uac import (
     CallAnswered,
     CallEnded,
@@ -218,10 +219,7 @@ class _Run:
         deadline = t_invite + self.script.timeout_s
         aborted = False
         while not player.finished:
-            try:
-                fn = await asyncio.wait_for(self.events.get(), 0.02)
-            except TimeoutError:
-                fn = None
+            fn = await next_item(self.events, 0.02)
             now = loop.time()
             self._do(fn(now) if fn is not None else player.tick(now))
             if not aborted and now > deadline:

@@ -18,7 +18,7 @@ import socket
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import cast
+from typing import TypeVar, cast
 
 from sip_bridge.sip.framing import StreamFramer
 from sip_bridge.sip.message import SipMessage, SipParseError
@@ -53,6 +53,21 @@ class Received:
 
 
 Handler = Callable[[Received], None]
+T = TypeVar("T")
+
+
+async def next_item(queue: asyncio.Queue[T], timeout_s: float | None) -> T | None:
+    """The queue's next item, or None when ``timeout_s`` passes first.
+
+    Loops that wait on an inbox with a deadline use this, not :func:`asyncio.wait_for`:
+    on Python 3.11 ``wait_for`` returns the item and drops a cancellation that lands just
+    as the item arrives, and a loop that is being stopped then waits forever.
+    """
+    try:
+        async with asyncio.timeout(timeout_s):
+            return await queue.get()
+    except TimeoutError:
+        return None
 
 
 class _Udp(asyncio.DatagramProtocol):

@@ -45,6 +45,7 @@ from sip_bridge.ops.call_events import Command, HangupCommand, SayCommand, Trans
 from sip_bridge.ops.call_telemetry import CallFacts, turn_total_ms
 from sip_bridge.ops.operator_view import apply_command
 from sip_bridge.ops.records import RecordsError
+from sip_bridge.sip.transport import next_item
 from sip_bridge.web.console_view import live_calls, talk_profiles
 from sip_bridge.web.web_access import Access, bearer, error, same_origin
 from sip_bridge.web.webrtc_leg import BrowserSession, ice_hosts
@@ -334,13 +335,12 @@ class WebServer:
                 await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
             ended = session.closed_reason is not None
             while not ended:
-                try:
-                    ev = await asyncio.wait_for(queue.get(), _SSE_PING_S)
-                except TimeoutError:
+                new = await next_item(queue, _SSE_PING_S)
+                if new is None:
                     await resp.write(b": ping\n\n")
                     continue
-                await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
-                ended = ev.get("type") == "state" and ev.get("state") == "ended"
+                await resp.write(f"data: {json.dumps(new)}\n\n".encode())
+                ended = new.get("type") == "state" and new.get("state") == "ended"
         except (ConnectionResetError, asyncio.CancelledError):
             pass
         finally:
