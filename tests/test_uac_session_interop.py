@@ -51,27 +51,39 @@ async def _call(tmp_path: Path, log: Path) -> tuple[int, str, str]:
     port = free_port()
     sipp = await start_sipp(SCENARIO, None, "-p", str(port), "-m", "1", timeout=30, log=log)
     await asyncio.sleep(0.3)  # let sipp bind before we dial
-    play, record = tmp_path / "tone.wav", tmp_path / "out.wav"
+    play, record, said = tmp_path / "tone.wav", tmp_path / "out.wav", tmp_path / "call.log"
     _tone_wav(play)
-    proc = await asyncio.create_subprocess_exec(
-        str(BRIDGE),
-        "call",
-        f"sip:callee@127.0.0.1:{port}",
-        "--play",
-        str(play),
-        "--record",
-        str(record),
-        "--duration",
-        "6",
-        "--rtp-ports",
-        "44600-44699",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    with said.open("wb") as out:  # a file, not a pipe: what it said survives a kill
+        proc = await asyncio.create_subprocess_exec(
+            str(BRIDGE),
+            "call",
+            f"sip:callee@127.0.0.1:{port}",
+            "--play",
+            str(play),
+            "--record",
+            str(record),
+            "--duration",
+            "6",
+            "--rtp-ports",
+            "44600-44699",
+            "--verbose",
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    try:
+        await asyncio.wait_for(proc.wait(), 30)
+    except TimeoutError:  # 6 s of call: say where it stood, and sipp's side of it
+        proc.kill()
+        await proc.wait()
+        sipp.kill()
+        seen = log.read_text(errors="replace")[-4000:] if log.exists() else "(no sipp log)"
+        raise AssertionError(
+            f"`sip-bridge call` still running after 30 s:\n{said.read_text(errors='replace')}"
+            f"\n--- sipp's messages ---\n{seen}"
+        ) from None
     sipp_out = await finish(sipp, SCENARIO, 30)
     assert proc.returncode is not None
-    return proc.returncode, out.decode(errors="replace"), sipp_out
+    return proc.returncode, said.read_text(errors="replace"), sipp_out
 
 
 def test_call_answers_the_callees_refresh_and_hold_reinvites(tmp_path: Path) -> None:
