@@ -516,6 +516,15 @@ def test_spoken_single_digits_round_trip(digits: str, as_words: bool) -> None:
         ("Please don't", "no"),
         ("Maybe", None),
         ("Yes, no, I don't know", None),
+        ("That's not right.", "no"),  # one no: the negation turns the "right" around
+        ("No, that's not correct.", "no"),
+        ("I'm not sure.", None),
+        ("Yes, not been right.", "yes"),  # "yes, that is right" misheard on a lossy line
+        ("Um, yes, I don't mind.", "yes"),
+        ("No, that's right.", None),  # two plain answers that disagree
+        ("Right, no.", None),
+        ("Not really.", "no"),
+        ("Never.", "no"),
     ],
 )
 def test_yes_no(text: str, answer: str | None) -> None:

@@ -21,7 +21,10 @@ _TENS |= {"eighty": 80, "ninety": 90}
 _SOUNDALIKE = {"to": "2", "too": "2", "for": "4", "won": "1", "ate": "8"}
 _YES = {"yes", "yeah", "yep", "yup", "sure", "correct", "right", "ok", "okay", "affirmative"}
 _YES |= {"absolutely", "definitely", "certainly", "indeed"}
-_NO = {"no", "nope", "nah", "not", "dont", "negative", "never"}
+_NO = {"no", "nope", "nah", "negative"}
+_NEGATORS = {"not", "dont", "never"}
+_PLAIN_YES, _PLAIN_NO = {"yes", "yep", "yup"}, {"no", "nope", "nah"}
+_FILLERS = {"uh", "um", "er", "erm", "ah", "oh", "well", "hmm"}
 
 
 def _number_at(words: Sequence[str], i: int) -> tuple[str | None, int]:
@@ -77,7 +80,46 @@ def digit_runs(words: Sequence[str]) -> list[str]:
     return runs
 
 
+def _answers(words: Sequence[str]) -> list[tuple[str, bool]]:
+    """Each answer said, in order: "yes", "no" or "unsure", and whether it was a negation.
+
+    A negator turns a yes word up to two words after it around: "that's not right" is one
+    no, not a yes and a no; "not sure" is neither."""
+    out: list[tuple[str, bool]] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in _NEGATORS:
+            after = words[i + 1 : i + 3]
+            turned = next((k for k, x in enumerate(after) if x in _YES), None)
+            if turned is None:
+                out.append(("no", True))
+            else:
+                out.append(("unsure" if after[turned] == "sure" else "no", True))
+                i += turned + 1
+        elif w in _YES:
+            out.append(("yes", False))
+        elif w in _NO:
+            out.append(("no", False))
+        i += 1
+    return out
+
+
 def yes_no(words: Sequence[str]) -> str | None:
-    """ "yes", "no", or None when the answer is neither or both."""
-    y, n = any(w in _YES for w in words), any(w in _NO for w in words)
-    return "yes" if y and not n else "no" if n and not y else None
+    """ "yes", "no", or None when the answer is neither, unsure or both.
+
+    When both are heard, a plain yes or no that opens the answer decides over a negation
+    later ("yes, not been right" is how the recogniser may hear "yes, that is right" on a
+    lossy line); a second plain answer word ("yes, no, ...", "no, that's right") leaves it
+    undecided."""
+    answers = _answers(words)
+    kinds = {kind for kind, _ in answers}
+    if "unsure" in kinds or not kinds:
+        return None
+    if len(kinds) == 1:
+        return kinds.pop()
+    opening = next((w for w in words if w not in _FILLERS), "")
+    lead = "yes" if opening in _PLAIN_YES else "no" if opening in _PLAIN_NO else None
+    if lead is not None and all(kind == lead or negation for kind, negation in answers):
+        return lead
+    return None
