@@ -149,7 +149,8 @@ def test_next_item_waits_gives_up_and_is_stopped_even_as_an_item_arrives() -> No
 
     async def run() -> None:
         queue: asyncio.Queue[str] = asyncio.Queue()
-        assert await next_item(queue, 0.01) is None  # nothing came in time
+        nothing = await next_item(queue, 0.01)
+        assert nothing is None  # nothing came in time
         queue.put_nowait("first")
         assert await next_item(queue, None) == "first"
         waiting = asyncio.ensure_future(next_item(queue, 5.0))
