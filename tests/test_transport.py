@@ -153,7 +153,8 @@ def test_next_item_waits_gives_up_and_is_stopped_even_as_an_item_arrives() -> No
         assert nothing is None  # nothing came in time
         queue.put_nowait("first")
         assert await next_item(queue, None) == "first"
-        waiting = asyncio.ensure_future(next_item(queue, 5.0))
+        pending = next_item(queue, 5.0)
+        waiting = asyncio.create_task(pending)
         await asyncio.sleep(0)  # it waits on the queue
         queue.put_nowait("late")
         waiting.cancel()  # in the same pass as the item
