@@ -254,6 +254,52 @@ def test_a_close_second_that_carries_a_phrase_on_is_chosen(asr: MoonshineAsr) ->
     assert _scripted(asr, steps).transcribe(clip, bias=bias) == "No thanks, nor lie"
 
 
+def _answering(asr: MoonshineAsr, after: dict[int, dict[int, float]]) -> MoonshineAsr:
+    """``asr`` whose decoder's logits depend on the token fed: ``after[token]`` (token id ->
+    logit, -20 elsewhere; the end of text after a token not listed). So each hypothesis
+    of a decode gets the logits of its own words, whatever order they are decoded in."""
+
+    class Answering:
+        def __init__(self, real: object) -> None:
+            self.real = real
+
+        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
+            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
+            out[0] = np.full_like(out[0], -20.0)
+            for token, logit in after.get(int(feeds["input_ids"][0, -1]), {_EOS: 0.0}).items():
+                out[0][..., token] = logit
+            return out
+
+    quick = MoonshineAsr.__new__(MoonshineAsr)
+    quick.__dict__.update(asr.__dict__)
+    quick.decoder = Answering(asr.decoder)
+    return quick
+
+
+def test_a_phrase_begun_but_not_finished_is_taken_back(asr: MoonshineAsr) -> None:
+    """The lean moves " good" (4 letters of "goodbye") past the model's " nor", but the
+    model goes on "goodnight", not "goodbye": a started phrase earns nothing once the
+    transcript is whole, so the model's own words stand ("No thanks, nor lie", more
+    probable). Where it goes on "goodbye", the phrase is whole and the lean stays."""
+    v = json.loads(_model_file("moonshine-base-en", "tokenizer.json").read_text())["model"]
+    v = v["vocab"]
+    start, no, thanks, comma = 1, v["▁No"], v["▁thanks"], v[","]
+    after = {
+        start: {no: 0.0},
+        no: {thanks: 0.0},
+        thanks: {comma: 0.0},
+        comma: {v["▁nor"]: -0.77, v["▁good"]: -0.91},
+        v["▁good"]: {v["night"]: 0.0, v["bye"]: -4.0},
+        v["▁nor"]: {v["▁lie"]: 0.0},
+    }
+    clip = _beckett()[RATE : 2 * RATE]
+    bias = PhraseBias(["goodbye"], 0.5)
+    assert _answering(asr, after).transcribe(clip) == "No thanks, nor lie"
+    assert _answering(asr, after).transcribe(clip, bias=bias) == "No thanks, nor lie"
+    after[v["▁good"]] = {v["night"]: -1.0, v["bye"]: -1.5}
+    assert _answering(asr, after).transcribe(clip, bias=bias) == "No thanks, goodbye"
+
+
 def test_the_demo_vocabulary_hears_a_goodbye_an_english_voice_blurs(
     asr: MoonshineAsr, tmp_path: Path
 ) -> None:

@@ -103,3 +103,11 @@ def test_the_engine_says_what_it_listens_for_as_the_call_goes_on() -> None:
     assert "five" in engine.listening_for()
     _say(engine, "one two three four five")  # asks "should I cancel ...? yes or no"
     assert "yes" in engine.listening_for() and "five" not in engine.listening_for()
+
+
+def test_a_finished_transcript_earns_only_the_phrases_it_holds_whole() -> None:
+    bias = PhraseBias(["goodbye", "no thanks", "talk to a"], 0.5)
+    assert bias.whole(bias_text("No thanks, goodbye.")) == 0.5 * (len("goodbye") + 9)
+    assert bias.whole(bias_text("Talk to Hansel.")) == 0.0  # begun, not finished
+    assert bias.whole(bias_text("goodbyes")) == 0.0  # words, not letters
+    assert PhraseBias(["goodbye"], 0.0).whole("goodbye") == 0.0

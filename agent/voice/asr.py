@@ -20,6 +20,7 @@ import math
 import re
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -161,6 +162,19 @@ def framed(x: NDArray[np.float32], rate: int) -> NDArray[np.float32]:
     return clip
 
 
+@dataclass
+class _Hypothesis:
+    """A decode under way: the decoder's state to go on from and the tokens said so far."""
+
+    past: dict[str, NDArray[np.float32]]
+    token: int  # the token to feed the decoder next
+    step: int
+    out: list[int]
+    least: float  # the probability of the least certain word token said
+    logp: float  # the model's log probability of the tokens said
+    branch: _Hypothesis | None = None  # where a lean first overruled the model
+
+
 class MoonshineAsr:
     """Moonshine base-en: 16 kHz mono audio in, English text out. Thread-safe."""
 
@@ -231,37 +245,77 @@ class MoonshineAsr:
         x = framed(x, self.sample_rate)[: int(_MAX_S * self.sample_rate)]
         hidden = self.encoder.run(None, {"input_values": x[None, :]})[0]
         empty = np.zeros((1, self._heads, 0, self._head_dim), dtype=np.float32)
-        past: dict[str, NDArray[np.float32]] = dict.fromkeys(self._past, empty)
-        out: list[int] = []
-        least = 1.0
-        token = _START
-        for step in range(self.max_tokens(x.size)):
+        start = _Hypothesis(dict.fromkeys(self._past, empty), _START, 0, [], 1.0, 0.0)
+        cap = self.max_tokens(x.size)
+        leaned = self._greedy(hidden, start, cap, words_expected, bias)
+        if bias is None or leaned.branch is None:
+            return leaned.out, leaned.least
+        # the lean changed a word: the model's own words from there on are the other
+        # hypothesis, and a phrase only counts once it is whole (a started one is no gain)
+        plain = self._greedy(hidden, leaned.branch, cap, words_expected, None)
+        if self._credit(plain, bias) >= self._credit(leaned, bias):
+            return plain.out, plain.least
+        return leaned.out, leaned.least
+
+    def _credit(self, h: _Hypothesis, bias: PhraseBias) -> float:
+        """A finished hypothesis's worth: the model's log probability of its tokens, plus
+        the bonus of the whole phrases its text holds."""
+        return h.logp + bias.whole(bias_text(self.tokenizer.decode(h.out)))
+
+    def _greedy(
+        self,
+        hidden: NDArray[np.float32],
+        h: _Hypothesis,
+        cap: int,
+        words_expected: bool,
+        bias: PhraseBias | None,
+    ) -> _Hypothesis:
+        """Decode on from ``h`` to the end of text (or ``cap`` tokens), leaning toward
+        ``bias``; the result's ``branch`` is where the lean first overruled the model, with
+        the model's choice there (None if it never did)."""
+        h = _Hypothesis(dict(h.past), h.token, h.step, list(h.out), h.least, h.logp)
+        for step in range(h.step, cap):
             feeds: dict[str, Any] = {
-                "input_ids": np.array([[token]], dtype=np.int64),
+                "input_ids": np.array([[h.token]], dtype=np.int64),
                 "encoder_hidden_states": hidden,
                 "use_cache_branch": np.array([step > 0]),
-                **past,
+                **h.past,
             }
             logits, *present = self.decoder.run(None, feeds)
             last = logits[0, -1].astype(np.float64)
+            top = float(np.max(last))
+            logp = last - (top + math.log(float(np.sum(np.exp(last - top)))))
             choice = last
             if step == 0 and words_expected:
                 choice = np.where(np.arange(last.size) == _EOS, -np.inf, last)
             token = int(np.argmax(choice))
-            if bias is not None and bias.active:
-                token = self._leaning(choice, out, bias)
-            if token == _EOS:
-                break
-            out.append(token)
-            if self.tokenizer.has_word(token):
-                least = min(least, 1.0 / float(np.sum(np.exp(last - last[token]))))
             # the cross-attention cache is computed once, on the first step
-            past.update(
+            h.past.update(
                 (name, value)
                 for name, value in zip(self._past, present, strict=True)
                 if step == 0 or ".decoder." in name
             )
-        return out, least
+            if bias is not None and bias.active:
+                leaned = self._leaning(choice, h.out, bias)
+                if leaned != token and h.branch is None:
+                    h.branch = _Hypothesis(dict(h.past), 0, step + 1, list(h.out), h.least, h.logp)
+                    self._take(h.branch, token, float(logp[token]), cap)
+                token = leaned
+            if self._take(h, token, float(logp[token]), cap):
+                break
+        return h
+
+    def _take(self, h: _Hypothesis, token: int, logp: float, cap: int) -> bool:
+        """``h`` with ``token`` said next (of log probability ``logp``); True if it ended."""
+        h.logp += logp
+        h.token = token
+        if token == _EOS:
+            h.step = cap  # nothing more to decode
+            return True
+        h.out.append(token)
+        if self.tokenizer.has_word(token):
+            h.least = min(h.least, math.exp(logp))
+        return False
 
     def _leaning(self, logits: NDArray[np.float64], out: list[int], bias: PhraseBias) -> int:
         """The best of the decoder's few best candidates once each has its phrase bonus

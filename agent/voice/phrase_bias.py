@@ -16,12 +16,15 @@ otherwise lean every word that starts like a keyword ("Could" heard as "Can", fo
 "cancel"), and a short word alone its homophones ("by" as "bye"). Its earlier letters are
 paid then, so "goodbye" earns the same through " good" + "bye" as through " goodbye".
 
-Off by default (``[matching] phrase_boost = 0``): a phrase's first letters earn their bonus
-before the phrase is whole, and greedy decoding cannot take it back when it does not
-complete ("cancel an order" over a loss burst became "talk to Hansel and Norrider", for the
-"talk to a" keyword); measured in docs/voice-agent.md.
+A lean is a guess, so it is checked once the transcript is whole. Where it first
+overruled the model, the model's own words are decoded on from there too; a phrase counts
+only where a transcript holds it whole (:meth:`PhraseBias.whole`), and the transcript
+worth more (the model's log probability plus that bonus) is kept. A phrase begun but not
+finished ("talk to Hansel and Norrider" for "cancel an order", on the way to "talk to a")
+then earns nothing, and the model's words stand.
 
-No I/O, no state between decodes: :meth:`PhraseBias.bonus` is asked per candidate.
+No I/O, no state between decodes: :meth:`PhraseBias.bonus` is asked per candidate,
+:meth:`PhraseBias.whole` per finished transcript.
 """
 
 from __future__ import annotations
@@ -92,6 +95,14 @@ class PhraseBias:
             gain = self._paid(after[i:]) - (self._paid(before[i:]) if i < len(before) else 0)
             best = max(best, gain)
         return self.weight * best
+
+    def whole(self, text: str) -> float:
+        """The bonus of a finished transcript (as :func:`bias_text` gives it): ``weight``
+        times the characters of each phrase it holds whole, word for word."""
+        if not self.active:
+            return 0.0
+        padded = f" {text} "
+        return self.weight * sum(len(p) for p in self.phrases if f" {p} " in padded)
 
     def _paid(self, tail: str) -> int:
         """The characters of ``tail`` (a candidate phrase start) that earn the bonus: all of
