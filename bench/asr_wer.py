@@ -72,6 +72,7 @@ from sip_bridge.media.pacer import next_tick
 from sip_bridge.media.rtp import RtpSender
 from sip_bridge.media.rtp_receiver import CODECS, RtpReceiver
 from sip_bridge.script.line_sim import PacketSchedule
+from sip_bridge.script.script_cli import loss_pct_arg
 from testkit.agent_capture import Capture
 from testkit.line_echo import active_level_dbfs, line_noise
 from testkit.wer import WordErrors, wer_words, word_errors
@@ -454,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--codec", choices=sorted(PAYLOAD_TYPES), default="PCMU")
     p.add_argument(
         "--loss-pct",
-        type=float,
+        type=loss_pct_arg,
         default=0.0,
         help="bursty loss of the caller's packets on the bridge path (Gilbert-Elliott, mean "
         "burst 3 packets, as `sip-bridge script --loss-pct`); the clean path has none",

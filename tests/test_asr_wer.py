@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench.asr_wer import BridgeListener, Prompt, heard_clean, line_audio, load_prompts
+from bench.asr_wer import BridgeListener, Prompt, heard_clean, line_audio, load_prompts, main
 from sip_bridge.config.loader import load_config
 from testkit.wer import WordErrors, wer_words, word_errors
 
@@ -126,3 +126,13 @@ def test_bridge_path_quiet_noisy_line_alaw(
     finally:
         listener.codec = "PCMU"
     assert {"password", "pound", "key"} <= set(wer_words(heard.text)), heard.text
+
+
+@pytest.mark.parametrize("bad", ["100", "-1", "lots"])
+def test_a_loss_out_of_range_is_a_usage_error_not_a_traceback(
+    bad: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--loss-pct", bad])
+    assert stop.value.code == 2
+    assert "--loss-pct" in capsys.readouterr().err

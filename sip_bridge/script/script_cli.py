@@ -15,7 +15,7 @@ from typing import Any
 
 from sip_bridge.config.config_types import ConfigError, parse_hostport
 
-__all__ = ["add_parser", "run", "run_scripts"]
+__all__ = ["add_parser", "loss_pct_arg", "run", "run_scripts"]
 
 
 def _dbfs(value: str) -> float:
@@ -25,7 +25,8 @@ def _dbfs(value: str) -> float:
     return v
 
 
-def _pct(value: str) -> float:
+def loss_pct_arg(value: str) -> float:
+    """An argparse type: a packet loss percentage the line simulator takes."""
     v = float(value)
     if not 0.0 <= v < 50.0:
         raise argparse.ArgumentTypeError("percent: 0 to under 50")
@@ -60,7 +61,7 @@ def add_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--voice", help="espeak-ng voice of say steps, e.g. en-gb-x-rp+f3")
     p.add_argument("--level-dbfs", type=_dbfs, default=-20.0, metavar="L",
                    help="the caller's active speech level (P.56), default -20")  # fmt: skip
-    p.add_argument("--loss-pct", type=_pct, default=0.0, metavar="P",
+    p.add_argument("--loss-pct", type=loss_pct_arg, default=0.0, metavar="P",
                    help="loss of what the caller sends, bursty (Gilbert-Elliott)")  # fmt: skip
     p.add_argument("--jitter-ms", type=_non_negative, default=0.0, metavar="J",
                    help="interarrival jitter (RFC 3550) of what the caller sends")  # fmt: skip
