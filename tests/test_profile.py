@@ -84,10 +84,10 @@ def test_backchannels_default_listed_or_off(tmp_path: Path) -> None:
 
 def test_matching_phrases_are_read_normalised_and_the_boost_can_be_off(tmp_path: Path) -> None:
     default = load_profile(_write(tmp_path, MINIMAL)).matching
-    assert default.phrase_boost == 0.0 and default.phrases == ()  # off unless asked for
-    own = MINIMAL + '[matching]\nphrases = ["Acme Pro", "order-ID"]\nphrase_boost = 0.5\n'
+    assert default.phrase_boost == 0.5 and default.phrases == ()  # the measured lean
+    own = MINIMAL + '[matching]\nphrases = ["Acme Pro", "order-ID"]\nphrase_boost = 0\n'
     matching = load_profile(_write(tmp_path, own)).matching
-    assert matching.phrases == ("acme pro", "order id") and matching.phrase_boost == 0.5
+    assert matching.phrases == ("acme pro", "order id") and matching.phrase_boost == 0.0
 
 
 def test_llm_section_is_read(tmp_path: Path) -> None:

@@ -259,9 +259,8 @@ class Matching:
     fuzzy_threshold: float = 0.82  # difflib ratio for one keyword word vs one heard word
     example_threshold: float = 0.75  # difflib ratio for a whole example sentence
     # the recogniser leans toward the profile's phrases (agent.dialogue.vocabulary) by this
-    # many nats per character (agent.voice.phrase_bias); 0 = off, the default until a
-    # started phrase that does not complete is taken back (docs/voice-agent.md)
-    phrase_boost: float = 0.0
+    # many nats per character (agent.voice.phrase_bias); 0 = off (docs/voice-agent.md)
+    phrase_boost: float = 0.5
     phrases: tuple[str, ...] = ()  # more to lean toward, normalised (names, products)
 
 
