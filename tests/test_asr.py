@@ -15,6 +15,7 @@ import subprocess
 import threading
 import time
 import wave
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -189,29 +190,43 @@ def test_the_transcript_carries_the_least_sure_words_probability(asr: MoonshineA
 _EOS = 2  # Moonshine's end of text
 
 
-def _scripted(
-    asr: MoonshineAsr, steps: list[dict[int, float]], floor: float = -20.0
+def _decoder_says(
+    asr: MoonshineAsr, logits: Callable[[int, int], dict[int, float]], floor: float
 ) -> MoonshineAsr:
-    """``asr`` whose decoder gives scripted logits: step i sets ``steps[i]`` (token id ->
-    logit; the last step repeats) over ``floor`` everywhere else. The real decoder still
-    runs, so the cache shapes are its own."""
+    """``asr`` whose decoder gives chosen logits: ``logits(step, token fed)`` (token id ->
+    logit) over ``floor`` everywhere else. The real decoder still runs, so the cache
+    shapes are its own."""
 
-    class Scripted:
+    class Saying:
         def __init__(self, real: object) -> None:
             self.real, self.step = real, 0
 
         def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
             out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
             out[0] = np.full_like(out[0], floor)
-            for token, logit in steps[min(self.step, len(steps) - 1)].items():
+            for token, logit in logits(self.step, int(feeds["input_ids"][0, -1])).items():
                 out[0][..., token] = logit
             self.step += 1
             return out
 
     quick = MoonshineAsr.__new__(MoonshineAsr)
     quick.__dict__.update(asr.__dict__)
-    quick.decoder = Scripted(asr.decoder)
+    quick.decoder = Saying(asr.decoder)
     return quick
+
+
+def _scripted(
+    asr: MoonshineAsr, steps: list[dict[int, float]], floor: float = -20.0
+) -> MoonshineAsr:
+    """``asr`` whose decoder's step i sets ``steps[i]`` (the last step repeats)."""
+    return _decoder_says(asr, lambda step, _: steps[min(step, len(steps) - 1)], floor)
+
+
+def _answering(asr: MoonshineAsr, after: dict[int, dict[int, float]]) -> MoonshineAsr:
+    """``asr`` whose decoder's logits depend on the token fed: ``after[token]`` (the end
+    of text after a token not listed). So each hypothesis of a decode gets the logits of
+    its own words, whatever order they are decoded in."""
+    return _decoder_says(asr, lambda _, token: after.get(token, {_EOS: 0.0}), -20.0)
 
 
 def test_a_clip_that_holds_speech_is_not_ended_before_its_first_word(asr: MoonshineAsr) -> None:
@@ -252,28 +267,6 @@ def test_a_close_second_that_carries_a_phrase_on_is_chosen(asr: MoonshineAsr) ->
     assert heard == "No thanks, goodbye" and heard.confidence < 0.5
     steps[3] = {v["▁nor"]: -0.77, v["▁good"]: -3.91}  # 3 nats behind: the model's choice
     assert _scripted(asr, steps).transcribe(clip, bias=bias) == "No thanks, nor lie"
-
-
-def _answering(asr: MoonshineAsr, after: dict[int, dict[int, float]]) -> MoonshineAsr:
-    """``asr`` whose decoder's logits depend on the token fed: ``after[token]`` (token id ->
-    logit, -20 elsewhere; the end of text after a token not listed). So each hypothesis
-    of a decode gets the logits of its own words, whatever order they are decoded in."""
-
-    class Answering:
-        def __init__(self, real: object) -> None:
-            self.real = real
-
-        def run(self, names: None, feeds: dict[str, NDArray[np.float32]]) -> list[object]:
-            out = list(self.real.run(names, feeds))  # type: ignore[attr-defined]
-            out[0] = np.full_like(out[0], -20.0)
-            for token, logit in after.get(int(feeds["input_ids"][0, -1]), {_EOS: 0.0}).items():
-                out[0][..., token] = logit
-            return out
-
-    quick = MoonshineAsr.__new__(MoonshineAsr)
-    quick.__dict__.update(asr.__dict__)
-    quick.decoder = Answering(asr.decoder)
-    return quick
 
 
 def test_a_phrase_begun_but_not_finished_is_taken_back(asr: MoonshineAsr) -> None:
