@@ -26,7 +26,8 @@ from numpy.typing import NDArray
 from agent.dialogue.profile_loader import load_profile
 from agent.dialogue.vocabulary import listening_phrases
 from agent.transcript import Transcript
-from agent.voice.asr import LEAD_S, TAIL_S, IncrementalTranscriber, MoonshineAsr, Tokenizer, framed
+from agent.voice.asr import LEAD_S, TAIL_S, IncrementalTranscriber, MoonshineAsr, framed
+from agent.voice.asr_tokenizer import Tokenizer
 from agent.voice.phrase_bias import PhraseBias
 from resample import ulaw_decode, ulaw_encode
 from resample.resampler import Resampler

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 import concurrent.futures
 import heapq
-import json
 import logging
 import math
-import re
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -28,6 +26,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from agent.transcript import Transcript, joined
+from agent.voice.asr_tokenizer import Tokenizer
 from agent.voice.phrase_bias import CANDIDATES, PhraseBias, bias_text
 
 __all__ = [
@@ -36,7 +35,6 @@ __all__ = [
     "TAIL_S",
     "IncrementalTranscriber",
     "MoonshineAsr",
-    "Tokenizer",
     "framed",
 ]
 
@@ -60,7 +58,6 @@ PREROLL_S = 0.3
 _FRAME_S = 0.005  # the step at which framed() finds a clip's first and last sound
 _SOUND_MIN = 10.0 ** (-55 / 20)  # a sound is at least this loud (in digital silence)...
 _SOUND_MAX = 10.0 ** (-40 / 20)  # ...and no louder than this needs to be (on a noisy line)
-_BYTE = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 
 
 def _store_path(name: str) -> Path:
@@ -82,47 +79,6 @@ def _session(path: Path, threads: int, device: str) -> Any:
 
     dev = cast(Device, device)
     return create_session(path, name=f"{MODEL}/{path.stem}", threads=threads, device=dev)
-
-
-class Tokenizer:
-    """Token ids -> text from a Hugging Face ``tokenizer.json`` (SentencePiece-style BPE).
-
-    Decoding is all we need: "▁" marks a space, ``<0xNN>`` tokens are raw UTF-8 bytes,
-    special tokens (<s>, </s>, <unk>, Moonshine's <<ST_n>>) are dropped.
-    """
-
-    def __init__(self, path: Path) -> None:
-        spec = json.loads(Path(path).read_text(encoding="utf-8"))
-        vocab: dict[str, int] = spec["model"]["vocab"]
-        size = max(vocab.values()) + 1
-        for added in spec.get("added_tokens", []):
-            size = max(size, int(added["id"]) + 1)
-        self._pieces: list[bytes | None] = [None] * size
-        for piece, idx in vocab.items():
-            byte = _BYTE.match(piece)
-            self._pieces[idx] = (
-                bytes([int(byte.group(1), 16)])
-                if byte
-                else piece.replace("\u2581", " ").encode("utf-8")
-            )
-        for added in spec.get("added_tokens", []):
-            idx = int(added["id"])
-            self._pieces[idx] = None if added.get("special") else added["content"].encode()
-
-    def has_word(self, idx: int) -> bool:
-        """Whether token ``idx`` holds a letter or a digit (not only punctuation, a space
-        or a special token): a recogniser unsure between "." and "," is not unsure of
-        what was said."""
-        piece = self._pieces[idx] if 0 <= idx < len(self._pieces) else None
-        return piece is not None and any(chr(b).isalnum() for b in piece if b < 128)
-
-    def decode(self, ids: Sequence[int]) -> str:
-        """Join the pieces; bytes are fused first so multi-byte characters survive."""
-        out = b"".join(
-            p for i in ids if 0 <= i < len(self._pieces) and (p := self._pieces[i]) is not None
-        )
-        text = out.decode("utf-8", errors="replace")
-        return text[1:] if text.startswith(" ") else text
 
 
 def _to_float(pcm: NDArray[np.int16] | NDArray[np.float32]) -> NDArray[np.float32]:

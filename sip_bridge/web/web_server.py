@@ -45,7 +45,6 @@ from sip_bridge.ops.call_events import Command, HangupCommand, SayCommand, Trans
 from sip_bridge.ops.call_telemetry import CallFacts, turn_total_ms
 from sip_bridge.ops.operator_view import apply_command
 from sip_bridge.ops.records import RecordsError
-from sip_bridge.sip.transport import next_item
 from sip_bridge.web.console_view import live_calls, talk_profiles
 from sip_bridge.web.web_access import Access, bearer, error, same_origin
 from sip_bridge.web.webrtc_leg import BrowserSession, ice_hosts
@@ -335,8 +334,10 @@ class WebServer:
                 await resp.write(f"data: {json.dumps(ev)}\n\n".encode())
             ended = session.closed_reason is not None
             while not ended:
-                new = await next_item(queue, _SSE_PING_S)
-                if new is None:
+                try:  # not wait_for: on Python 3.11 it can drop the page's cancellation
+                    async with asyncio.timeout(_SSE_PING_S):
+                        new = await queue.get()
+                except TimeoutError:
                     await resp.write(b": ping\n\n")
                     continue
                 await resp.write(f"data: {json.dumps(new)}\n\n".encode())
