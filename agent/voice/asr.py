@@ -240,7 +240,7 @@ class MoonshineAsr:
             logits, *present = self.decoder.run(None, feeds)
             last = logits[0, -1].astype(np.float64)
             top = float(np.max(last))
-            logp = last - (top + math.log(float(np.sum(np.exp(last - top)))))
+            norm = top + math.log(float(np.sum(np.exp(last - top))))  # log p = logit - norm
             choice = last
             if step == 0 and words_expected:
                 choice = np.where(np.arange(last.size) == _EOS, -np.inf, last)
@@ -255,9 +255,9 @@ class MoonshineAsr:
                 leaned = self._leaning(choice, h.out, bias)
                 if leaned != token and h.branch is None:
                     h.branch = _Hypothesis(dict(h.past), 0, step + 1, list(h.out), h.least, h.logp)
-                    self._take(h.branch, token, float(logp[token]), cap)
+                    self._take(h.branch, token, float(last[token]) - norm, cap)
                 token = leaned
-            if self._take(h, token, float(logp[token]), cap):
+            if self._take(h, token, float(last[token]) - norm, cap):
                 break
         return h
 
