@@ -84,13 +84,13 @@ lint: setup
 typecheck: setup
 	$(VENV)/bin/mypy
 
-# TEST_JOBS=3 runs the suite in 3 processes (pytest-xdist; a file's tests stay in one, and
-# tests marked `serial` run alone: tests/conftest.py): about 18 minutes instead of 28, as
-# most tests wait on real-time calls. Not the default yet: in 4 of 5 such runs the booking
-# scripts failed, though they ran alone (docs/development.md). 0: one process, in order.
-TEST_JOBS ?= 0
+# The suite runs in TEST_JOBS processes (pytest-xdist; a file's tests stay in one): most
+# tests wait on real-time calls, not on the CPU. Tests marked `serial` (heavy load, or
+# figures other tests' load would move) run alone, and the files holding them go last
+# (tests/conftest.py; --no-loadscope-reorder keeps that order). 0: one process, in order.
+TEST_JOBS ?= 3
 test: setup lint typecheck
-	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_JOBS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The model tests on the AVX2 kernels (qemu's Haswell: no AVX-512, no VNNI), whatever this
 # CPU has; slow (tens of minutes): emulation runs a smart-turn inference in ~25 s.

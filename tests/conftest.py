@@ -1,6 +1,6 @@
 """Fixtures shared by test files that ask for them by name (none is autouse here), and the
 lock that lets a ``serial`` test run alone when pytest-xdist runs the suite in several
-processes (``make test TEST_JOBS=3``)."""
+processes (``make test``: 3 by default), with the files that hold one run last."""
 
 from __future__ import annotations
 
@@ -56,6 +56,15 @@ def pytest_configure(config: pytest.Config) -> None:
     run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
     if run_id and os.environ.get("PYTEST_XDIST_WORKER"):
         _run_lock = _RunLock(run_id)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The files that hold a ``serial`` test go last, in their order (``make test`` hands
+    files out in this order: ``--no-loadscope-reorder``). Interleaved, each serial test
+    first waits for every test running elsewhere to finish, and the other workers idle
+    meanwhile; last, they run one after another once the rest is done, as in one process."""
+    serial_files = {i.path for i in items if i.get_closest_marker("serial") is not None}
+    items.sort(key=lambda i: i.path in serial_files)  # stable: the order within each part
 
 
 @pytest.hookimpl(wrapper=True)

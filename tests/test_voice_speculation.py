@@ -6,11 +6,16 @@ from __future__ import annotations
 from concurrent.futures import Future
 
 import numpy as np
+import pytest
 from test_voice_agent import HOURS, Call, aio
 
 from agent.dialogue.sentences import split_sentences
 from agent.voice.speculation import Speculation
 from agent.voice.voice_models import FIRST_WORDS
+
+# serial: the fake models answer on executor threads, and the tests count the ticks until
+# their results land ("the tick the turn ends"): other tests' load delays those threads
+pytestmark = pytest.mark.serial
 
 
 @aio
