@@ -173,6 +173,46 @@ def test_goodbye_hangs_up(text: str) -> None:
     assert _turn(_new(), text) == [Say("Thanks for calling Acme. Goodbye!"), Hangup("intent")]
 
 
+@pytest.mark.parametrize(
+    "text", ["No, I'm good.", "Nope, that's it.", "Nah, I'm fine, thanks.", "No.", "No fan."]
+)  # "No fan.": how the recogniser once heard "No thanks." on a lossy line
+def test_a_plain_no_to_anything_else_is_the_goodbye(text: str) -> None:
+    bye = [Say("Thanks for calling Acme. Goodbye!"), Hangup("intent")]
+    e = _new()
+    reply = _turn(e, "cancel order 54321")
+    e.played(_said(reply))
+    reply = _turn(e, "no")
+    assert _said(reply).endswith("Anything else?")
+    e.played(_said(reply))
+    assert _turn(e, text) == bye
+    e = _new()  # the transfer that failed asks it too
+    _turn(e, "a person please")
+    (sorry,) = e.on_transfer_result(False)
+    assert isinstance(sorry, Say)
+    e.played(sorry.text)
+    assert _turn(e, text) == bye
+
+
+def test_a_no_means_nothing_by_itself_elsewhere_nor_over_a_question_in_it() -> None:
+    e = _new()
+    e.played(_said(e.greeting()))
+    assert _said(_turn(e, "No, I'm good.")).startswith("Sorry, I didn't catch that")
+    e = _new()
+    reply = _turn(e, "What are your opening hours?")
+    e.played(_said(reply))  # no question asked
+    assert _said(_turn(e, "No, I'm good.")).startswith("Sorry, I didn't catch that")
+    e = _new()
+    e.played("OK, I'll leave order 5 4 3 2 1 as it is. Anything else?")
+    assert _said(_turn(e, "No, where is my order?")).startswith("What is your order number?")
+    e = _new()
+    e.played("Anything else?")
+    assert _said(_turn(e, "Yes, my order.")).startswith("What is your order number?")
+    e = _new()
+    e.played("Anything else?")
+    _turn(e, "Hmm.")  # the fallback, never played: the question is no longer the last line
+    assert _said(_turn(e, "No, I'm good.")).startswith("Sorry")
+
+
 def test_cancel_order_with_yes_no_slot() -> None:
     e = _new()
     assert _said(_turn(e, "I want to cancel my order")).startswith("What is your order number")

@@ -135,6 +135,7 @@ def test_templates_escape_braces_and_spell_digits() -> None:
             "unknown placeholder {nobody}",
         ),
         ('[intents.x]\nreply = "hi"\n', 10, "intents.x", "can never match"),
+        ('[intents.x]\nno_to = ["?"]\nreply = "hi"\n', 11, "intents.x.no_to", "each entry"),
         (
             '[intents.x]\npatterns = ["(open"]\nreply = "hi"\n',
             11,

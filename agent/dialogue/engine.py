@@ -321,7 +321,7 @@ class DialogueEngine:
                 )
                 return parts + self._after_turn()
         else:
-            intent = self._match(words)
+            intent = self._match(words) or self._no_to_the_question(words)
         if intent is not None:
             return self._begin(intent, words, confidence_of(text)) + self._after_turn()
         if self.llm is not None:
@@ -428,6 +428,23 @@ class DialogueEngine:
             if score > best_score:
                 best, best_score = intent, score
         return best
+
+    def _no_to_the_question(self, words: Sequence[str]) -> Intent | None:
+        """A plain no to the question the caller was just asked ("... Anything else?" "No,
+        I'm good."): the first intent whose ``no_to`` names that question. Only right after
+        it: a no at any other point means nothing by itself."""
+        if len(self.transcript) < 2 or yes_no(words) != "no":
+            return None
+        who, asked = self.transcript[-2]  # [-1] is this turn
+        if who != "agent":
+            return None
+        asked_words = f" {' '.join(normalize(asked))} "
+        for intent in self.profile.intents:
+            if self.primary and not intent.override_llm:
+                continue
+            if any(f" {' '.join(q)} " in asked_words for q in intent.no_to):
+                return intent
+        return None
 
     def _begin(
         self, intent: Intent, words: Sequence[str], confidence: float = 1.0

@@ -172,6 +172,9 @@ class Intent:
     on_no: Actions | None = None  # used when a yes_no slot of the intent is "no"
     lookup: Lookup | None = None
     override_llm: bool = False
+    # normalised phrases: a plain no to a reply that asked one of them starts this intent
+    # ("... Anything else?" "No, I'm good.")
+    no_to: tuple[tuple[str, ...], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -77,7 +77,7 @@ _SCHEMA: dict[str, dict[str, tuple[type, ...]]] = {
     | {"options": _TABLE, "not_past": _BOOL, "sensitive": _BOOL, "weekdays": _LIST}
     | {"within_hours": _BOOL},
     "intents.*": _ACTIONS
-    | _keys(_LIST, "keywords patterns examples slots")
+    | _keys(_LIST, "keywords patterns examples slots no_to")
     | _keys(_STR, "dtmf not_found")
     | _keys(_TABLE, "lookup no")
     | {"override_llm": _BOOL},
@@ -497,8 +497,11 @@ def _build_intent(
         ld.fail(sec, "dtmf", f"one key of 0-9 * A-D, got {dtmf!r} ('#' ends digit entry)")
     keywords = tuple(k for k in (normalize(w) for w in raw.get("keywords", [])) if k)
     examples = tuple(k for k in (normalize(w) for w in raw.get("examples", [])) if k)
-    if not (keywords or patterns or examples or dtmf):
-        ld.fail(sec, None, "can never match: give keywords, patterns, examples or dtmf")
+    no_to = tuple(normalize(q) for q in raw.get("no_to", []))
+    if not all(no_to):
+        ld.fail(sec, "no_to", "each entry must be words of a question the agent asks")
+    if not (keywords or patterns or examples or dtmf or no_to):
+        ld.fail(sec, None, "can never match: give keywords, patterns, examples, dtmf or no_to")
     on_no = None
     if "no" in raw:
         if not any(slots[s].kind == "yes_no" for s in raw.get("slots", [])):
@@ -517,6 +520,7 @@ def _build_intent(
         on_no=on_no,
         lookup=lookup,
         override_llm=raw.get("override_llm", False),
+        no_to=no_to,
     )
 
 
