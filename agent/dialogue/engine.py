@@ -42,7 +42,7 @@ from agent.dialogue.spoken_numbers import digit_runs, yes_no
 from agent.dialogue.vocabulary import listening_phrases
 from agent.redaction import sensitive_text
 from agent.transcript import confidence_of
-from agent.words import normalize
+from agent.words import has_phrase, normalize
 
 __all__ = [
     "TRANSFER_FAILED",
@@ -438,11 +438,11 @@ class DialogueEngine:
         who, asked = self.transcript[-2]  # [-1] is this turn
         if who != "agent":
             return None
-        asked_words = f" {' '.join(normalize(asked))} "
+        asked_words = normalize(asked)
         for intent in self.profile.intents:
             if self.primary and not intent.override_llm:
                 continue
-            if any(f" {' '.join(q)} " in asked_words for q in intent.no_to):
+            if any(has_phrase(asked_words, q) for q in intent.no_to):
                 return intent
         return None
 

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from agent.dialogue.spoken_numbers import digit_runs
+from agent.words import has_phrase
 
 __all__ = [
     "MONTHS",
@@ -274,9 +275,5 @@ def read_choice(
 ) -> Heard | None:
     """The option whose name or a synonym (normalized phrases) the caller said; None when
     none or more than one option was named."""
-    said = set()
-    joined = f" {' '.join(words)} "
-    for name, phrases in options.items():
-        if any(f" {' '.join(p)} " in joined for p in phrases):
-            said.add(name)
+    said = {name for name, phrases in options.items() if any(has_phrase(words, p) for p in phrases)}
     return Heard(said.pop()) if len(said) == 1 else None
