@@ -7,7 +7,9 @@ espeak-ng variants and "human" (recorded 8 kHz prompts of Debian's
 asterisk-core-sounds-en-wav and the beckett.wav of the model store, where a step's words
 exist in them; espeak-ng says the rest). Per cell and overall:
 
-- steps passed (%), skipped steps counting as not passed;
+- steps passed (%), skipped steps counting as not passed; the demo scripts' caller says an
+  answer again, once, when the agent asks for it (``repeat_on``): ``said_again`` counts
+  those times, and ``steps_passed_first_time_pct`` is what would have passed without;
 - barge-in reaction p50/p95: a step with ``barge_in = true`` (the caller talks over the
   agent) -> the agent's audio stops, on what the caller receives; when it kept talking,
   the caller's whole utterance counts (a lower bound) and ``kept_talking`` says how often;
@@ -38,6 +40,7 @@ import asyncio
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
 import sys
@@ -212,6 +215,7 @@ def run_record(report: CallReport, cell: Cell, cuts: list[float] | None) -> dict
                 "kind": r.step.kind,
                 "status": r.status,
                 "detail": r.detail[:300],
+                "repeats": r.repeats,
             }
             for r in report.results
         ],
@@ -344,9 +348,19 @@ async def run_matrix(cells: list[Cell], scripts: list[Script], out: Path, parall
 
 
 # ---------------------------------------------------------------- the summary
+def first_time_passed(run: dict[str, Any]) -> int:
+    """The steps a run would have passed had the caller never said an answer again: those
+    before the first ``expect`` that needed it (without ``repeat_on`` that one fails and
+    the rest are skipped)."""
+    again = [s["index"] for s in run["steps"] if s.get("repeats")]
+    upto = min(again, default=math.inf)
+    return sum(1 for s in run["steps"] if s["status"] == "PASS" and s["index"] < upto)
+
+
 def figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
     total = sum(r["steps_total"] for r in runs)
     passed = sum(r["steps_passed"] for r in runs)
+    first = sum(first_time_passed(r) for r in runs)
     # a 0 ms "reaction": echo had cut the agent before the caller began (runs of an older
     # runner recorded it so; the runner now says the agent was not talking)
     bis = [b for r in runs for b in r["barge_ins"] if b["ms"] is None or b["ms"] > 0]
@@ -357,6 +371,9 @@ def figures(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "runs": len(runs),
         "steps": total,
         "steps_passed_pct": round(100 * passed / total, 1) if total else None,
+        # as if the caller never said an answer again when the agent asked (repeat_on)
+        "steps_passed_first_time_pct": round(100 * first / total, 1) if total else None,
+        "said_again": sum(1 for r in runs for st in r["steps"] if st.get("repeats")),
         "barge_in_reaction_ms": {"n": len(reaction), "p50": pct(reaction, 50),
                                  "p95": pct(reaction, 95),
                                  "kept_talking": sum(1 for b in bis if not b["stopped"])},

@@ -102,6 +102,17 @@ def test_a_script_with_every_step_kind(tmp_path: Path) -> None:
     assert s.voice == "en-gb-x-rp+f3"
 
 
+def test_repeat_on_is_the_scripts_unless_a_step_says_otherwise(tmp_path: Path) -> None:
+    text = (
+        '[script]\nrepeat_on = "sorry|again"\n[[step]]\nexpect = "a"\n'
+        '[[step]]\nexpect = "b"\nrepeat_on = ""\n'
+        '[[step]]\nexpect = "c"\nrepeat_on = "pardon"\n'
+    )
+    steps: Any = _parse(text, tmp_path).steps
+    assert [x.repeat_on for x in steps] == ["sorry|again", "", "pardon"]
+    assert _parse('[[step]]\nexpect = "a"\n', tmp_path).steps[0].repeat_on == ""  # type: ignore[union-attr]
+
+
 def test_every_shipped_demo_script_parses() -> None:
     scripts = sorted((ROOT / "config" / "scripts" / "demo").glob("*.toml"))
     assert len(scripts) >= 10
@@ -136,6 +147,14 @@ def test_every_shipped_demo_script_parses() -> None:
         ('[script]\nuri = "http://x"\n[[step]]\nwait_s = 1\n', 2, "script.uri", "sip: URI"),
         ("[script]\ncolour = 1\n[[step]]\nwait_s = 1\n", 2, "script.colour", "unknown key"),
         ('[steps]\nsay = "x"\n', 1, "steps", "unknown table"),
+        (
+            '[script]\nrepeat_on = "(sorry"\n[[step]]\nwait_s = 1\n',
+            2,
+            "script.repeat_on",
+            "regular expression",
+        ),
+        ('[[step]]\nexpect = "x"\nrepeat_on = "[a"\n', 3, "step[1].repeat_on", "regular"),
+        ('[[step]]\nsay = "x"\nrepeat_on = "a"\n', 3, "step[1].repeat_on", "unknown key"),
         ("[script]\n", None, "step", "at least one"),
         ('[[step]]\nsay = "x"\n[[step]]\nsay = "y"\nrate_wpm = 9\n', 5, "step[2].rate_wpm", "80"),
     ],

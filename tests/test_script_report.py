@@ -67,3 +67,16 @@ def test_junit(tmp_path: Path) -> None:
     assert props["target"] == "sip:voice@127.0.0.1:5060" and props["voice"] == "en-us"
     out = suite.find("system-out")
     assert out is not None and "turn latency: 3 turns" in (out.text or "")
+
+
+def test_a_step_passed_after_the_caller_said_it_again_is_told(tmp_path: Path) -> None:
+    rep = _report(tmp_path)
+    first = rep.results[0]
+    first.detail += ' (said again after "sorry i did not catch that")'
+    first.repeats = 1
+    assert format_report(rep)[4] == (
+        "  FAIL: 1/3 steps passed (1 after the caller said it again) in 14.2 s"
+    )
+    root = ET.fromstring(junit_xml([rep]).split("\n", 1)[1])
+    out = root.find("testsuite/testcase/system-out")
+    assert out is not None and "said again after" in (out.text or "")

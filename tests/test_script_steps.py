@@ -40,6 +40,7 @@ class Call:
     reply_to_caller: tuple[float, float, str] | None = (
         None  # (after the caller's end: delay, length, text)
     )
+    replies: list[tuple[float, float, str]] = field(default_factory=list)  # one per say, in turn
 
     def text(self, start: float, end: float) -> str:
         return " ".join(t for a, b, t in self.speech if a < end and b > start)
@@ -67,8 +68,9 @@ class Sim:
                 end = self.t + self.call.say_s
                 timing = CallerTiming(self.t, self.t + 0.02, end, end + 0.02)
                 self.pending.append((end + 0.02, "sent", (act.step, timing)))
-                if self.call.reply_to_caller is not None:
-                    delay, length, words = self.call.reply_to_caller
+                reply = self.call.replies.pop(0) if self.call.replies else self.call.reply_to_caller
+                if reply is not None:
+                    delay, length, words = reply
                     self.call.speech.append((end + delay, end + delay + length, words))
             elif isinstance(act, SendDtmf):
                 done = self.t + 0.1 * len(act.digits)
@@ -350,3 +352,73 @@ def test_two_things_in_one_breath_are_two_expects(tmp_path: Path) -> None:
     )
     sim.run()
     assert sim.statuses() == ["PASS", "PASS", "FAIL"]
+
+
+ORDER = '[[step]]\nexpect = "order number"\n[[step]]\nsay = "One two three four five."\n'
+ASKED_AGAIN = (0.5, 2.5, "Sorry, I need the five digit order number. Please say it again.")
+ANSWER = (0.5, 2.0, "Order 12345 shipped on Monday.")
+PROMPT = (0.3, 2.0, "What is your order number?")
+
+
+def test_a_caller_asked_again_says_it_again_once(tmp_path: Path) -> None:
+    call = Call([PROMPT], replies=[ASKED_AGAIN, ANSWER])
+    sim = Sim('[script]\nrepeat_on = "sorry"\n' + ORDER + '[[step]]\nexpect = "on monday"\n',
+              call, tmp_path)  # fmt: skip
+    summary = sim.run()
+    assert sim.statuses() == ["PASS", "PASS", "PASS"]
+    said = [a.step for a in sim.log if isinstance(a, SendAudio)]
+    assert said == [2, 2]  # the answer, then the same answer again
+    result = sim.player.results[2]
+    assert result.repeats == 1
+    assert "shipped on monday" in result.detail and "said again after" in result.detail
+    assert "sorry i need the five digit" in result.detail
+    # the repeat is a turn of its own: two answers, two latencies, each 0.5 s
+    assert [round(x, 1) for x in summary.turn_latencies_s] == [0.5, 0.5]
+    assert [step.index for step, _ in summary.sent] == [2, 2]
+
+
+def test_without_repeat_on_a_request_to_say_it_again_fails_the_step(tmp_path: Path) -> None:
+    call = Call([PROMPT], replies=[ASKED_AGAIN, ANSWER])
+    sim = Sim(ORDER + '[[step]]\nexpect = "on monday"\ntimeout_s = 8\n', call, tmp_path)
+    sim.run()
+    assert sim.statuses() == ["PASS", "PASS", "FAIL"]
+    assert [a.step for a in sim.log if isinstance(a, SendAudio)] == [2]
+    assert sim.player.results[2].repeats == 0
+
+
+def test_the_caller_says_it_again_only_once(tmp_path: Path) -> None:
+    call = Call([PROMPT], replies=[ASKED_AGAIN, ASKED_AGAIN, ASKED_AGAIN])
+    sim = Sim(ORDER + '[[step]]\nexpect = "on monday"\nrepeat_on = "sorry"\ntimeout_s = 8\n',
+              call, tmp_path)  # fmt: skip
+    sim.run()
+    assert sim.statuses() == ["PASS", "PASS", "FAIL"]
+    assert [a.step for a in sim.log if isinstance(a, SendAudio)] == [2, 2]
+    assert "timed out" in sim.detail(3) and sim.player.results[2].repeats == 1
+
+
+def test_what_matches_the_expectation_is_never_asked_again(tmp_path: Path) -> None:
+    """``expect`` first: a reply both expected and matching ``repeat_on`` passes."""
+    call = Call([PROMPT], replies=[(0.5, 2.0, "Sorry, that order shipped on Monday.")])
+    sim = Sim(ORDER + '[[step]]\nexpect = "on monday"\nrepeat_on = "sorry"\n', call, tmp_path)
+    sim.run()
+    assert sim.statuses() == ["PASS", "PASS", "PASS"]
+    assert sim.player.results[2].repeats == 0
+
+
+def test_a_repeat_says_keys_pauses_and_words_again_in_order(tmp_path: Path) -> None:
+    """Everything since the last expect goes again, the pause between included; a step
+    that barged in is said again over nothing, as a plain answer."""
+    call = Call([PROMPT], replies=[ASKED_AGAIN, ANSWER])
+    text = (
+        '[[step]]\nexpect = "order number"\n[[step]]\ndtmf = "12"\n[[step]]\nwait_s = 1.5\n'
+        '[[step]]\nsay = "three four five"\n[[step]]\nexpect = "on monday"\n'
+        'repeat_on = "say it again"\n'
+    )
+    sim = Sim(text, call, tmp_path)
+    summary = sim.run()
+    assert sim.statuses() == ["PASS"] * 5
+    sent = [(type(a).__name__, a.step) for a in sim.log if isinstance(a, SendAudio | SendDtmf)]
+    assert sent == [("SendDtmf", 2), ("SendAudio", 4)] * 2
+    went = [(step.index, round(t.start, 1)) for step, t in summary.sent]
+    assert [i for i, _ in went] == [2, 4, 2, 4]
+    assert went[1][1] - went[0][1] > 1.65 and went[3][1] - went[2][1] > 1.65  # keys, the pause

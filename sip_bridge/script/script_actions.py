@@ -21,6 +21,7 @@ __all__ = [
     "TalkOver",
     "Transcribe",
     "normalize_transcript",
+    "send_action",
     "transcript_key",
 ]
 
@@ -61,6 +62,13 @@ class HangUp:
 Action = SendAudio | SendDtmf | Transcribe | HangUp
 
 
+def send_action(step: Speak | Dtmf) -> SendAudio | SendDtmf:
+    """What sends this caller step out: its audio, or its keys."""
+    if isinstance(step, Speak):
+        return SendAudio(step.index)
+    return SendDtmf(step.index, step.digits, step.method, step.duration_ms, step.gap_ms)
+
+
 @dataclass(frozen=True, slots=True)
 class CallerTiming:
     """When a step's audio or keys went out: the first packet, the first and last with
@@ -79,6 +87,7 @@ class StepResult:
     start: float  # seconds after the answer
     end: float
     detail: str = ""
+    repeats: int = 0  # an expect: times the caller said their answer again (``repeat_on``)
 
     @property
     def status(self) -> str:

@@ -80,7 +80,13 @@ _STEP_KEYS: dict[str, dict[str, tuple[type, ...]]] = {
     },
     "wait": {"wait": (str,), "quiet_ms": (int,), "timeout_s": _NUM},
     "wait_s": {"wait_s": _NUM},
-    "expect": {"expect": (str,), "not": (str,), "timeout_s": _NUM, "quiet_ms": (int,)},
+    "expect": {
+        "expect": (str,),
+        "not": (str,),
+        "timeout_s": _NUM,
+        "quiet_ms": (int,),
+        "repeat_on": (str,),
+    },
     "expect_hangup": {"expect_hangup": (bool,), "timeout_s": _NUM},
     "expect_refer": {"expect_refer": (str,), "result": (str,), "timeout_s": _NUM},
     "expect_no_dead_air": {"expect_no_dead_air": _NUM},
@@ -97,6 +103,7 @@ _SCRIPT_KEYS: dict[str, tuple[type, ...]] = {
     "dtmf": (str,),
     "quiet_ms": (int,),
     "within_ms": (int,),
+    "repeat_on": (str,),
 }
 
 
@@ -116,6 +123,7 @@ class Script:
     dtmf: str = "rfc4733"  # the default method of `dtmf` steps
     quiet_ms: int = 1000  # the default of `wait`/`expect`: the agent's pause that ends a reply
     within_ms: int = 400  # the default barge-in bound: min_speech_ms 250 + 150
+    repeat_on: str = ""  # the default of `expect`: a reply asking the caller to say it again
 
 
 def _barge_text(barge_in: bool | None, within_ms: int) -> str:
@@ -200,12 +208,15 @@ class WaitSeconds(_StepBase):
 
 @dataclass(frozen=True)
 class Expect(_StepBase):
-    """What the agent says (transcribed) matches ``pattern`` (and not ``forbid``)."""
+    """What the agent says (transcribed) matches ``pattern`` (and not ``forbid``). A whole
+    reply matching ``repeat_on`` instead (the agent asked again: "Sorry, I need the five
+    digit order number") has the caller say their answer again, once, as callers do."""
 
     pattern: str = ""
     forbid: str = ""
     timeout_s: float = 15.0
     quiet_ms: int = 1000
+    repeat_on: str = ""
 
     kind = "expect"
 
@@ -313,6 +324,7 @@ def parse_script_text(text: str, path: Path) -> Script:
         dtmf=head.get("dtmf", defaults.dtmf),
         quiet_ms=head.get("quiet_ms", defaults.quiet_ms),
         within_ms=head.get("within_ms", defaults.within_ms),
+        repeat_on=head.get("repeat_on", ""),
     )
     _check_head(script, text, p)
     raw = data.get("step", [])
@@ -352,6 +364,7 @@ def _check_head(s: Script, text: str, p: str) -> None:
     if s.rate_wpm > 450:
         raise fail("rate_wpm", "must be at most 450 (espeak-ng's range)")
     _check_voice(s.voice, fail, "voice")
+    _regex(s.repeat_on, fail, "repeat_on", text)
 
 
 def _check_voice(voice: str, fail: Any, key: str) -> None:
@@ -428,10 +441,12 @@ def _step(entry: dict[str, Any], i: int, s: Script, text: str, p: str) -> Step:
     if kind == "expect":
         _regex(value, fail, "expect", text)
         _regex(entry.get("not", ""), fail, "not", text)
+        repeat_on = entry.get("repeat_on", s.repeat_on)
+        _regex(repeat_on, fail, "repeat_on", text)
         quiet = entry.get("quiet_ms", s.quiet_ms)
         if quiet < 100:
             raise fail("quiet_ms", "must be at least 100")
-        return Expect(**base, pattern=value, forbid=entry.get("not", ""),
+        return Expect(**base, pattern=value, forbid=entry.get("not", ""), repeat_on=repeat_on,
                       timeout_s=float(timeout or 15.0), quiet_ms=quiet)  # fmt: skip
     if kind == "expect_hangup":
         if value is not True:

@@ -40,6 +40,11 @@ class CallReport:
         return sum(1 for r in self.results if r.passed)
 
     @property
+    def steps_said_again(self) -> int:
+        """Expects that passed only after the caller said their answer again."""
+        return sum(1 for r in self.results if r.passed and r.repeats)
+
+    @property
     def passed(self) -> bool:
         return (
             not self.error
@@ -86,9 +91,12 @@ def format_report(report: CallReport) -> list[str]:
     if report.lost_packets:
         lines.append(f"  line: {report.lost_packets} of {report.sent_packets} packets lost")
     verdict = "PASS" if report.passed else "FAIL"
+    again = report.steps_said_again
     lines.append(
         f"  {verdict}: {report.steps_passed}/{len(report.script.steps)} steps passed"
-        f" in {report.call_s:.1f} s" + (f" ({report.error})" if report.error else "")
+        + (f" ({again} after the caller said it again)" if again else "")
+        + f" in {report.call_s:.1f} s"
+        + (f" ({report.error})" if report.error else "")
     )
     return lines
 
@@ -123,6 +131,8 @@ def junit_xml(reports: Sequence[CallReport]) -> str:
             )
             if r.step.line:
                 case.set("line", str(r.step.line))
+            if r.repeats:  # passed or not, how the agent asked again
+                ET.SubElement(case, "system-out").text = r.detail
             if r.passed is None:
                 ET.SubElement(case, "skipped", message=r.detail or "skipped")
             elif not r.passed:

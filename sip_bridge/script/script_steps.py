@@ -14,7 +14,9 @@ How steps end:
   agent's reaction is known (see :func:`~sip_bridge.script.heard_audio.barge_in_reaction`).
 - ``expect``: what the agent said since the caller last acted (or the previous ``expect``
   matched) is transcribed reply by reply (a reply ends after ``quiet_ms`` of quiet) and
-  matched after each; it fails at ``timeout_s``, or when ``not`` matches.
+  matched after each; it fails at ``timeout_s``, or when ``not`` matches. A whole reply
+  matching ``repeat_on`` (and not the pattern) has the caller say what they said since the
+  last ``expect`` or ``wait`` again, once (keys, pauses and all); then it listens afresh.
 - ``wait``: ``silence``: the agent was quiet for ``quiet_ms``; ``speech``: it made a sound.
 - ``expect_hangup``, ``expect_refer``: the event came (before this step or during it).
 - ``expect_no_dead_air``: judged when the call is over, on every wait from here on.
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from sip_bridge.script.heard_audio import (
     STOP_SILENCE_S,
@@ -41,13 +43,12 @@ from sip_bridge.script.script_actions import (
     Action,
     CallerTiming,
     HangUp,
-    SendAudio,
-    SendDtmf,
     StepResult,
     Summary,
     TalkOver,
     Transcribe,
     normalize_transcript,
+    send_action,
     transcript_key,
 )
 from sip_bridge.script.script_file import (
@@ -124,6 +125,11 @@ class ScriptPlayer:
         self._final_stop = 0.0  # and the end of what it judges
         self._aborted: str | None = None
         self._ended_at: float | None = None
+        self._clock = answered_at  # an expect times out from here (its start, or a repeat's end)
+        self._repeats = 0  # times the current expect had the caller say it again
+        self._asked_again = ""  # what the agent said then
+        self._replay: list[Step] = []  # the caller's answer, still to be said again
+        self._replaying: _CallerAction | float | None = None  # going out, or a pause's end
 
     # ------------------------------------------------------------------ inputs
     def start(self, now: float) -> list[Action]:
@@ -136,14 +142,15 @@ class ScriptPlayer:
 
     def caller_done(self, step: int, timing: CallerTiming, now: float) -> list[Action]:
         for action in self._actions:
-            if action.step.index != step:
-                continue
+            if action.step.index != step or action.timing is not None:
+                continue  # (a step said again is a second action of the same index)
             action.timing = timing
             end = timing.done if isinstance(action.step, Dtmf) else timing.end
             if end is not None and action.step.barge_in is not False:
                 if not self._mark_set:  # the agent's answer to it is heard from here on
                     self._mark, self._mark_set, self._carry = timing.start, True, ""
                 self._wait_from = end
+            break
         return self.tick(now)
 
     def transcript(self, start: float, end: float, text: str, now: float) -> list[Action]:
@@ -223,8 +230,9 @@ class ScriptPlayer:
 
     def _advance(self, now: float) -> list[Action]:
         self._i += 1
-        self._step_start = now
+        self._step_start = self._clock = now
         self._deadline = None
+        self._repeats, self._asked_again = 0, ""
         step = self._current
         if step is None:
             self.finished = True
@@ -232,13 +240,9 @@ class ScriptPlayer:
         if self._failed and not self.keep_going:
             self.results.append(StepResult(step, None, self._rel(now), self._rel(now), "skipped"))
             return self._advance(now)
-        if isinstance(step, Speak):
+        if isinstance(step, Speak | Dtmf):
             self._actions.append(_CallerAction(step))
-            return [SendAudio(step.index), *self._run(now)]
-        if isinstance(step, Dtmf):
-            self._actions.append(_CallerAction(step))
-            act = SendDtmf(step.index, step.digits, step.method, step.duration_ms, step.gap_ms)
-            return [act, *self._run(now)]
+            return [send_action(step), *self._run(now)]
         if isinstance(step, NoDeadAir):
             self.results.append(StepResult(step, None, self._rel(now), self._rel(now),
                                            "judged at the end of the call"))  # fmt: skip
@@ -250,8 +254,10 @@ class ScriptPlayer:
         return self._run(now)
 
     def _done(self, step: Step, passed: bool, now: float, detail: str) -> None:
+        if self._repeats:
+            detail += f' (said again after "{self._asked_again}")'
         self.results.append(StepResult(step, passed, self._rel(self._step_start), self._rel(now),
-                                       detail))  # fmt: skip
+                                       detail, self._repeats))  # fmt: skip
         if not passed:
             self._failed = True
 
@@ -361,7 +367,9 @@ class ScriptPlayer:
     def _check_expect(self, step: Expect, now: float, out: list[Action]) -> tuple[bool, str] | None:
         quiet = step.quiet_ms / 1000.0
         ended = self._ended() or self._aborted is not None
-        timed_out = now - self._step_start >= step.timeout_s
+        if not ended and self._repeating(now, out):
+            return None
+        timed_out = now - self._clock >= step.timeout_s
         if self._deadline is None and (timed_out or ended):
             self._deadline = now + _TRANSCRIPT_GRACE_S
             self._final_stop = min(now, self.hung_up_at or now)  # what was heard by then
@@ -388,6 +396,10 @@ class ScriptPlayer:
             self._wait_span(replies[-1].end if replies else now, False)
             return False, f'heard "{heard}" (matches not /{step.forbid}/)'
         match = re.search(step.pattern, heard, re.IGNORECASE)
+        if not (match or final) and complete and replies and self._repeat(step, heard):
+            self._wait_span(replies[-1].end, False)  # the agent answered: it asked again
+            self._repeating(now, out)
+            return None
         if match and (complete or final):
             end = replies[-1].end if replies else self._wait_from
             self._wait_span(end, False)
@@ -407,6 +419,46 @@ class ScriptPlayer:
             why = "timed out" if timed_out else self._aborted or "the far end hung up"
             return False, f'{why}; heard "{heard}"' if heard else f"{why}; heard nothing"
         return None
+
+    def _repeat(self, step: Expect, heard: str) -> bool:
+        """The agent asked the caller to say it again: queue what they said since the last
+        ``expect`` or ``wait`` (False: not asked, already repeated, or nothing said)."""
+        if not step.repeat_on or self._repeats or not re.search(step.repeat_on, heard, re.I):
+            return False
+        steps = self.script.steps
+        first = step.index - 1  # back to the step after the last one that listened
+        while first > 0 and isinstance(steps[first - 1], Speak | Dtmf | WaitSeconds):
+            first -= 1
+        said = [s for s in steps[first : step.index - 1] if not isinstance(s, WaitSeconds)]
+        if not said:
+            return False
+        self._replay = list(steps[first : step.index - 1])
+        self._repeats, self._asked_again = 1, heard
+        self._mark_set, self._carry = False, ""  # heard afresh from the answer said again
+        return True
+
+    def _repeating(self, now: float, out: list[Action]) -> bool:
+        """Say the queued answer again, a step at a time; True until all of it is out (and
+        then the expect listens afresh, its timeout counted from there)."""
+        going = self._replaying
+        if isinstance(going, _CallerAction) and going.timing is None:
+            return True
+        if isinstance(going, float) and now < going:
+            return True
+        self._replaying = None
+        if not self._replay:
+            if going is not None:
+                self._clock = now  # the answer is out: listen from here
+            return False
+        step = self._replay.pop(0)
+        if isinstance(step, WaitSeconds):
+            self._replaying = now + step.seconds
+        elif isinstance(step, Speak | Dtmf):
+            again = _CallerAction(replace(step, barge_in=None))  # just said, over nothing
+            self._actions.append(again)
+            self._replaying = again
+            out.append(send_action(step))
+        return True
 
     def _check_refer(self, step: ExpectRefer, now: float) -> tuple[bool, str] | None:
         if self._refers_seen < len(self.refers):
