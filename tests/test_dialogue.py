@@ -128,6 +128,23 @@ def test_wrong_length_number_gets_the_retry_prompt() -> None:
     assert _said(_turn(e, "1 2 3 4 5")).startswith("Order 1 2 3 4 5")
 
 
+def test_a_number_short_of_a_digit_is_an_answer_whatever_words_it_has() -> None:
+    """The cancel asked for the order number; the answer lost a digit. Its "order" is the
+    order-status intent's keyword, but digits for a number asked for are an answer: the
+    retry, and the cancel goes on."""
+    e = _new()
+    _turn(e, "I need to cancel an order.")
+    reply = _said(_turn(e, "My order number is one to four five."))
+    assert reply.startswith("Sorry, I need the five digit order number")
+    assert _said(_turn(e, "My order number is one two three four five.")) == (
+        "Should I cancel order 1 2 3 4 5? Please say yes or no."
+    )
+    e = _new()  # words with no digit still change the subject
+    _turn(e, "I need to cancel an order.")
+    assert _said(_turn(e, "Where is my order?")).startswith("What is your order number")
+    assert _said(_turn(e, "12345")).startswith("Order 1 2 3 4 5 shipped")
+
+
 def test_another_question_while_a_slot_is_pending_switches_intent() -> None:
     e = _new()
     _turn(e, "Where is my order?")

@@ -313,7 +313,11 @@ class DialogueEngine:
                 return self._confirmed(slot, words, text) + self._after_turn()
             heard = hear(slot, words, text, self._today())
             intent = self._match(words)
-            if heard is not None or intent is None or intent is self._intent:
+            # digits said for a number asked for are an answer, even one too short: "My
+            # order number is one to four five" (a digit lost) gets the retry, not the
+            # order-status intent its "order" matches (the cancel asked: it began again)
+            tried = slot.kind in ("digits", "number") and bool(digit_runs(words))
+            if heard is not None or intent is None or intent is self._intent or tried:
                 parts = (
                     self._offer(slot, heard, confidence_of(text))
                     if heard is not None
