@@ -989,35 +989,6 @@ async def test_the_apology_waits_for_a_sound_the_vad_has_not_judged_yet() -> Non
         assert c.agent.merges == 0
 
 
-@aio
-async def test_the_apology_counts_the_pause_from_the_words_soft_end() -> None:
-    """A word's soft end the VAD no longer takes for speech ("That's a-ll") is not yet
-    the pause: the apology waits MISS_HOLD_TICKS from the end of the sound that went on
-    from the caller's last speech (up to SOUND_TAIL_TICKS after it), so a caller going on
-    after a pause as long as the wait measured from the VAD's end never hears its "Sor-"."""
-    tail = voice_module.SOUND_TAIL_TICKS
-    for sound_after, waited in ((6, 6), (3 * tail, tail)):  # a soft end; a long hum: capped
-        async with Call() as c:
-            c.models.asr_texts.append("I would like to ask about")
-            c.vad(True, True)
-            await c.tick(8, 2000)
-            c.vad(False, False)
-            await c.tick(sound_after, 2000)  # a sound, no speech
-            c.models.eot.fire = "model"
-            n = len(c.out.writes)
-            await c.tick()
-            await c.until(lambda: bool(c.agent.turns) and c.agent.turns[-1].asr_done > 0)
-            spoke = c.agent._speech_tick
-            while c.agent._tick < spoke + waited + MISS_HOLD - 1:
-                await c.tick()
-            assert len(c.out.writes) == n, "the apology began inside the caller's pause"
-            for _ in range(5):
-                await c.tick()
-            await c.until(lambda: c.models.spoken[-1].startswith("Sorry, I didn't"), "it")
-            assert len(c.out.writes) > n, "the apology on the wire"
-            assert c.agent._tick <= spoke + waited + MISS_HOLD + 5
-
-
 def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -97,10 +97,6 @@ MAX_MERGES = 2
 MISS_HOLD_TICKS = 60
 SOUND_WAIT_TICKS = 2  # ... and the caller is not making a sound (over the line's noise)
 SOUND_GRACE_TICKS = 25  # ... unless the VAD hears no speech in it for this long
-# ... counted from the end of the sound that carried on from the VAD's last speech, up to
-# this long after it: a word's soft end the VAD no longer takes for speech ("That's a-ll"
-# at -25 dBFS with 3 % loss: 160 ms) is not yet the pause; a 1.1 s pause heard "Sor-"
-SOUND_TAIL_TICKS = 10
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
 WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not an end
 PREROLL_TICKS = round(PREROLL_S / TICK_S)  # audio kept before the first speech frame
@@ -260,7 +256,6 @@ class VoiceAgent(Agent):
         self._sound_run = 0  # consecutive ticks that beat our echo and the line's noise
         self._last_speech_t = 0.0
         self._speech_tick = 0  # the tick of the caller's last speech
-        self._tail_tick = 0  # ... and of the sound that went on from it (SOUND_TAIL_TICKS)
         self._ticked = asyncio.Event()  # set by each tick
         self._holding = False  # a reply to words not understood waits (MISS_HOLD_TICKS)
         self._turn: TurnTiming | None = None
@@ -340,8 +335,6 @@ class VoiceAgent(Agent):
         ours = self.playout.play(pcm.size)
         pcm = self.gate.process(pcm, ours, learn=not self.playout.last_tone)
         self._sound_run = self._sound_run + 1 if self.gate.caller_now() else 0
-        if self._sound_run and self._tail_tick == self._tick - 1:
-            self._tail_tick = self._tick  # (or the speech's, below)
         if self._busy and self._voice_from is None and self.playout.last_played:
             self._voice_from = self._tick
         self._flow_tick(now)
@@ -360,7 +353,7 @@ class VoiceAgent(Agent):
             return
         if self._user_speaking:
             self._last_speech_t = now
-            self._speech_tick = self._tail_tick = self._tick
+            self._speech_tick = self._tick
             self._speech_ticks += 1
         if self._confirmed:
             self._run += 1
@@ -903,8 +896,7 @@ class VoiceAgent(Agent):
         self._holding = True
         try:
             while gen == self._gen and not self._closed:
-                tail = min(self._tail_tick, self._speech_tick + SOUND_TAIL_TICKS)
-                quiet = self._tick - max(self._speech_tick, tail)
+                quiet = self._tick - self._speech_tick
                 if quiet >= ticks and not (
                     # a sound begins that the VAD has not judged yet: "Great, thanks.
                     # [pause] That's all." went on 1.1-1.2 s after the last word, and the
