@@ -125,7 +125,12 @@ def test_wrong_length_number_gets_the_retry_prompt() -> None:
     e = _new()
     _turn(e, "Where is my order?")
     assert _said(_turn(e, "1 2 3")).startswith("Sorry, I need the five digit order number")
+    assert e.last_missed and e.last_short  # an answer, a digit short or more
     assert _said(_turn(e, "1 2 3 4 5")).startswith("Order 1 2 3 4 5")
+    assert not e.last_short
+    _turn(e, "Where is my order?")
+    assert _said(_turn(e, "Hmm, let me see.")).startswith("Sorry, I need the five digit")
+    assert e.last_missed and not e.last_short  # no digit: not understood
 
 
 def test_a_number_short_of_a_digit_is_an_answer_whatever_words_it_has() -> None:

@@ -989,6 +989,24 @@ async def test_the_apology_waits_for_a_sound_the_vad_has_not_judged_yet() -> Non
         assert c.agent.merges == 0
 
 
+@aio
+async def test_the_retry_for_a_number_a_digit_short_waits_a_shorter_pause() -> None:
+    """A number said with too few digits is an answer the caller took for whole: its
+    retry waits SHORT_HOLD_TICKS of quiet, not MISS_HOLD_TICKS (the longest dead air)."""
+    short = voice_module.SHORT_HOLD_TICKS
+    assert short < MISS_HOLD
+    async with Call() as c:
+        await c.turn("Where is my order?")
+        await c.drain()
+        n = await c.turn("One two three four.", wait_tts=False)
+        await c.tick(short - 10)  # the turn ended 3 ticks after the last speech
+        assert len(c.out.writes) == n
+        await c.tick(10)
+        await c.until(lambda: c.models.spoken[-1].startswith("Sorry, I need the five"), "it")
+        await c.tick(2)
+        assert len(c.out.writes) > n
+
+
 def test_caller_talking_over_a_reply_after_a_second_is_a_barge_in(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

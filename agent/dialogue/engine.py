@@ -155,6 +155,9 @@ class DialogueEngine:
         # ...or it was: a whole value the caller gave, refused (not found, not allowed). A
         # miss all the same (it counts toward escalation), but the caller has finished
         self.last_refused = False
+        # ...or a number asked for, said with too few digits: an answer the caller thinks
+        # whole, though one a digit short may still be going on ("one two three four...")
+        self.last_short = False
         self.last_by_rules = False  # the last turn was answered by a rule (not the LLM)
         self.ended = False  # after a hang-up or transfer
         self._vars = {"caller": "", "callee": ""} | dict(profile.variables) | dict(variables)
@@ -214,7 +217,7 @@ class DialogueEngine:
 
     async def respond(self, text: str) -> AsyncIterator[ReplyPart]:
         """One caller turn (the ASR text)."""
-        self.last_missed = self.last_by_rules = self.last_refused = False
+        self.last_missed = self.last_by_rules = self.last_refused = self.last_short = False
         self.unanswered = 0
         if self.ended or not text.strip():
             return
@@ -237,7 +240,7 @@ class DialogueEngine:
         """The caller spoke at length and the ASR made no words of it (too quiet, a burst
         of loss): they are asked again as for words not understood, with the slot's retry
         or the fallback, and it counts toward escalation. Nothing once the call ends."""
-        self.last_missed = self.last_by_rules = self.last_refused = False
+        self.last_missed = self.last_by_rules = self.last_refused = self.last_short = False
         self.unanswered = 0
         if self.ended:
             return []
@@ -318,12 +321,10 @@ class DialogueEngine:
             # order-status intent its "order" matches (the cancel asked: it began again)
             tried = slot.kind in ("digits", "number") and bool(digit_runs(words))
             if heard is not None or intent is None or intent is self._intent or tried:
-                parts = (
-                    self._offer(slot, heard, confidence_of(text))
-                    if heard is not None
-                    else self._miss(slot.retry.render(self._vars))
-                )
-                return parts + self._after_turn()
+                if heard is not None:
+                    return self._offer(slot, heard, confidence_of(text)) + self._after_turn()
+                self.last_short = tried
+                return self._miss(slot.retry.render(self._vars)) + self._after_turn()
         else:
             intent = self._match(words) or self._no_to_the_question(words)
         if intent is not None:

@@ -95,6 +95,10 @@ MAX_MERGES = 2
 # heard even when the merge stops it. 1.2 s: a pause between sentences, and under the
 # 1.5 s of dead air a caller who had finished may wait (no filler plays meanwhile).
 MISS_HOLD_TICKS = 60
+# ... 1.0 s after a number said a digit short (the slot's retry): the caller said what they
+# took for all of it, and at 1.2 s that wait was the longest dead air of the conversations
+# bench (1.51-1.55 s heard, over the 1.5 s target); a reader going on after 1 s is merged
+SHORT_HOLD_TICKS = 50
 SOUND_WAIT_TICKS = 2  # ... and the caller is not making a sound (over the line's noise)
 SOUND_GRACE_TICKS = 25  # ... unless the VAD hears no speech in it for this long
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
@@ -867,7 +871,8 @@ class VoiceAgent(Agent):
                 await asyncio.shield(spec.task)
             if spec.engine.last_missed and not spec.engine.last_refused:  # not understood:
                 # perhaps not finished either (a whole value refused is finished)
-                await self._caller_quiet(gen, MISS_HOLD_TICKS)
+                hold = SHORT_HOLD_TICKS if spec.engine.last_short else MISS_HOLD_TICKS
+                await self._caller_quiet(gen, hold)
             if gen != self._gen:  # the caller went on meanwhile (the engine is still the
                 self._went_on(spec, timing)  # one from before the turn)
                 return
