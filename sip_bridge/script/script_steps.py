@@ -429,10 +429,10 @@ class ScriptPlayer:
         first = step.index - 1  # back to the step after the last one that listened
         while first > 0 and isinstance(steps[first - 1], Speak | Dtmf | WaitSeconds):
             first -= 1
-        said = [s for s in steps[first : step.index - 1] if not isinstance(s, WaitSeconds)]
-        if not said:
+        answer = steps[first : step.index - 1]
+        if not any(isinstance(s, Speak | Dtmf) for s in answer):
             return False
-        self._replay = list(steps[first : step.index - 1])
+        self._replay = list(answer)
         self._repeats, self._asked_again = 1, heard
         self._mark_set, self._carry = False, ""  # heard afresh from the answer said again
         return True
