@@ -4,13 +4,12 @@ Silero accepts 8 kHz natively (256-sample windows, 32 ms) and 16 kHz (512 sample
 32 ms). The calls' agent runs both (agent/voice/voice_models.py: VadGate): 8 kHz alone
 while our own voice may come back as echo; while the floor is the caller's, speech is
 what either hears, the 16 kHz one on the upsampled audio the agent makes for the ASR
-anyway. On G.711 speech the 8 kHz mode scores
-quiet words far lower (measured: a recorded "hours" at -25 dBFS, 0.25-0.65 for most of the
-word and depending on where the windows fell, against 0.7-0.99 at 16 kHz; at -38 dBFS 19,
-2, 0 and 2 windows of speech against 15-19), and a caller's one-word answer went unheard;
-but it takes less of what the echo canceller leaves of our voice for speech. 16 kHz costs
-0.03 ms a window in a batch of 32 (0.02 at 8 kHz); on stationary noise neither mode scores
-over 0.15.
+anyway. On G.711 speech the 8 kHz mode scores quiet words far lower (measured: a recorded
+"hours" at -25 dBFS, 0.25-0.65 for most of the word and depending on where the windows
+fell, against 0.7-0.99 at 16 kHz; at -38 dBFS 19, 2, 0 and 2 windows of speech against
+15-19), and a caller's one-word answer went unheard; but it takes less of what the echo
+canceller leaves of our voice for speech. 16 kHz costs 0.03 ms a window in a batch of 32
+(0.02 at 8 kHz); on stationary noise neither mode scores over 0.15.
 
 The model is stateful: each window is fed with the last 32 (64) samples of the previous
 one (its "context") and an LSTM state of shape (2, B, 128), so one session serves any

@@ -176,11 +176,13 @@ class VoiceModels:
 
     def vad_stream(self, on_vad: Callable[[bool, int | None, bool | None], None]) -> VadGate:
         """``on_vad(speech, onset_lag, confirmed)`` per window: see :class:`VadGate`."""
-        if not self.settings.batch_vad:
-            return VadGate(self.vad, None, on_vad, floor_vad=self.floor_vad)
-        return VadGate(self.vad, self._vad_batcher(self.vad), on_vad,
-                       floor_vad=self.floor_vad,
-                       floor_batcher=self._vad_batcher(self.floor_vad))  # fmt: skip
+        batch = self.settings.batch_vad
+        talk, floor = (
+            (self._vad_batcher(self.vad), self._vad_batcher(self.floor_vad))
+            if batch
+            else (None, None)
+        )
+        return VadGate(self.vad, talk, on_vad, floor_vad=self.floor_vad, floor_batcher=floor)
 
     def transcriber(self, executor: Executor | None = None) -> IncrementalTranscriber:
         """``executor``: where its runs go (a call's guarded view of :attr:`executor`)."""
@@ -374,7 +376,7 @@ class VadGate:
         if src is not self._talk:
             return
         if isinstance(ev, SpeechStarted):
-            self._on_vad(src.raw, (ev.at - ev.onset) // src.per_line_sample, True)
+            self._on_vad(src.raw, src.lag(ev), True)
         elif isinstance(ev, SpeechStopped):
             self._on_vad(src.raw, None, False)
         else:
@@ -384,10 +386,7 @@ class VadGate:
         raw, speaking = self._either()
         was, self._speaking = self._speaking, speaking
         if speaking and not was:
-            lag = (
-                (ev.at - ev.onset) // src.per_line_sample if isinstance(ev, SpeechStarted) else None
-            )
-            self._on_vad(raw, lag, True)
+            self._on_vad(raw, src.lag(ev) if isinstance(ev, SpeechStarted) else None, True)
         elif was and not speaking:
             self._on_vad(raw, None, False)
         else:
@@ -404,7 +403,11 @@ class _VadSource:
         deliver: Callable[[_VadSource, float], None],
     ) -> None:
         self.wide = vad.sample_rate != LINE_RATE
-        self.per_line_sample = vad.sample_rate // LINE_RATE
+        self._per_line_sample = vad.sample_rate // LINE_RATE
         self.segmenter = SpeechSegmenter(window=vad.window, sample_rate=vad.sample_rate)
         self.raw = False
         self.stream = VadStream(vad, batcher=batcher, on_prob=partial(deliver, self))
+
+    def lag(self, start: SpeechStarted) -> int:
+        """How long before it was decided the speech began, in line (8 kHz) samples."""
+        return (start.at - start.onset) // self._per_line_sample
