@@ -240,7 +240,7 @@ def queue_probes(server: BridgeServer, agent: VoiceAgent) -> dict[str, Callable[
         "playout_ms": lambda: media().playout.queued_ms,
         "agent_audio_pending_ms": lambda: 1000 * media()._pending_samples / rate,
         "reply_queued_ms": lambda: 1000 * agent.playout.queued / rate,
-        "vad_backlog_windows": lambda: agent._vad._stream.pending,
+        "vad_backlog_windows": lambda: agent._vad.pending,
         "asr_open_s": lambda: agent._stt.open_seconds,
         "asr_segments_waiting": lambda: len(agent._stt._done),
         "model_jobs_queued": lambda: agent.models.executor._work_queue.qsize(),
@@ -261,7 +261,7 @@ def queue_limits(server: BridgeServer, agent: VoiceAgent) -> dict[str, float | N
         # the agent's model of that same outbound queue (agent/voice/reply_playout.py): its depth
         # is the reply not yet spoken, so it follows reply length, capped with the queue
         "reply_queued_ms": _try(lambda: media.params.max_queue_ms),
-        "vad_backlog_windows": _try(lambda: agent._vad._stream.max_backlog + 1),
+        "vad_backlog_windows": _try(lambda: agent._vad.max_backlog + 1),
         "asr_open_s": _try(lambda: stt._max / stt.asr.sample_rate),
         "asr_segments_waiting": None,
         "model_jobs_queued": None,

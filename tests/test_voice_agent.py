@@ -40,7 +40,7 @@ from agent.base import (
 from agent.dialogue.profile import Filler
 from agent.dialogue.profile_loader import load_profile
 from agent.dialogue.sentences import split_sentences
-from agent.voice.voice_agent import VoiceAgent, VoiceSettings
+from agent.voice.voice_agent import ECHO_TICKS, VoiceAgent, VoiceSettings
 from agent.voice.voice_models import FIRST_WORDS
 from sip_bridge.media.call_media import CallMedia, MediaParams
 from sip_bridge.media.rtp_ports import RtpPortPool
@@ -114,6 +114,8 @@ class FakeModels:
         self.event: tuple[int | None, bool] | None = None  # (onset_lag, confirmed), once
         self.stt, self.eot = FakeEar(self), FakeEar(self)
         self.errors = 0  # VAD windows that failed (VadGate.errors)
+        self.floor = False  # VadGate.floor, as the agent set it
+        self.floors: list[bool] = []  # ... at each push
         self.cache: dict[str, NDArray[np.int16]] = {}  # pieces the phrase cache holds
 
     def _transcribe(self, pcm: NDArray[np.int16], **_: object) -> str:
@@ -124,8 +126,9 @@ class FakeModels:
         self.on_vad = on_vad
         return self
 
-    def push(self, pcm8k: NDArray[np.int16]) -> None:
+    def push(self, line: NDArray[np.int16], wide: NDArray[np.int16]) -> None:
         """The VAD gate: reports the verdict the test set, like VadGate per window."""
+        self.floors.append(self.floor)
         lag, confirmed = self.event if self.event else (None, None)
         self.event = None
         self.on_vad(self.speech, lag, confirmed)
@@ -412,6 +415,20 @@ async def test_greeting_is_spoken_at_start_at_8k() -> None:
         assert c.out.tick == _ticks(GREETING)  # it took as many ticks as it lasts
         assert c.transcript == [("agent", " ".join(GREETING))]
         assert c.out.flushes == []
+
+
+@aio
+async def test_the_vad_of_the_callers_floor_is_heard_once_none_of_our_voice_can_come_back() -> None:
+    """The VAD gate is told each tick which VAD to report: the line-rate one while we talk
+    and for ECHO_S after our last sound (its echo may still come back), then the 16 kHz
+    one (it hears quiet words, and there is no echo left to take for them)."""
+    async with Call(greeted=False) as c:
+        await c.drain()
+        played = _ticks(GREETING)
+        await c.tick(ECHO_TICKS + 10)
+        floors = c.models.floors
+        assert not any(floors[: played + ECHO_TICKS]), floors
+        assert all(floors[played + ECHO_TICKS :]) and len(floors) > played + ECHO_TICKS + 5
 
 
 @aio

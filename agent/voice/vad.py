@@ -1,11 +1,20 @@
-"""Voice activity detection: Silero VAD v6 run straight on the call's 8 kHz audio.
+"""Voice activity detection: Silero VAD v6 at 8 kHz (the line's rate) or 16 kHz.
 
-Why 8 kHz: the caller's audio is G.711, so it never had anything above 4 kHz; Silero
-accepts 8 kHz natively (256-sample windows, 32 ms), which halves the work against 16 kHz
-and skips a resampler. The model is stateful: each window is fed with the last 32 samples
-of the previous one (its "context") and an LSTM state of shape (2, B, 128), so one
-session serves any number of calls, each keeping its own state and context, and windows
-from many calls can be stacked into one batch (:class:`~model_runtime.batching.TickBatcher`).
+Silero accepts 8 kHz natively (256-sample windows, 32 ms) and 16 kHz (512 samples, also
+32 ms). The calls' agent runs both (agent/voice/voice_models.py: VadGate): 8 kHz alone
+while our own voice may come back as echo; while the floor is the caller's, speech is
+what either hears, the 16 kHz one on the upsampled audio the agent makes for the ASR
+anyway. On G.711 speech the 8 kHz mode scores quiet words far lower (measured: a recorded
+"hours" at -25 dBFS, 0.25-0.65 for most of the word and depending on where the windows
+fell, against 0.7-0.99 at 16 kHz; at -38 dBFS 19, 2, 0 and 2 windows of speech against
+15-19), and a caller's one-word answer went unheard; but it takes less of what the echo
+canceller leaves of our voice for speech. 16 kHz costs 0.03 ms a window in a batch of 32
+(0.02 at 8 kHz); on stationary noise neither mode scores over 0.15.
+
+The model is stateful: each window is fed with the last 32 (64) samples of the previous
+one (its "context") and an LSTM state of shape (2, B, 128), so one session serves any
+number of calls, each keeping its own state and context, and windows from many calls can
+be stacked into one batch (:class:`~model_runtime.batching.TickBatcher`).
 
 Three layers: :class:`SileroVad` (the session; batch in, batch out),
 :class:`VadStream` (one call: 20 ms frames -> windows -> probabilities, inline or through
@@ -67,16 +76,24 @@ class VadResult(NamedTuple):
 
 
 class SileroVad:
-    """The Silero VAD session at 8 kHz; stateless itself, so one serves every call."""
+    """The Silero VAD session at 8 or 16 kHz; stateless itself, so one serves every call
+    (every stream and batch of a session is at its rate)."""
 
-    sample_rate = 8000
-    window = 256  # samples per model run: 32 ms
-    context = 32  # samples of the previous window the model wants in front of each window
     state_size = 128
 
     def __init__(
-        self, path: Path | None = None, *, threads: int = 1, device: Device = "cpu"
+        self,
+        path: Path | None = None,
+        *,
+        threads: int = 1,
+        device: Device = "cpu",
+        sample_rate: int = 8000,
     ) -> None:
+        if sample_rate not in (8000, 16000):
+            raise ValueError(f"Silero VAD runs at 8000 or 16000 Hz, not {sample_rate}")
+        self.sample_rate = sample_rate
+        self.window = sample_rate * 32 // 1000  # samples per model run: 32 ms
+        self.context = sample_rate // 250  # samples of the previous window it wants in front
         # CPU by default: a window costs ~0.15 ms of CPU (B=1), about a GPU round trip.
         self.path = Path(path) if path is not None else _default_path()
         self.session = create_session(self.path, name=MODEL, device=device, threads=threads)
@@ -124,7 +141,7 @@ class SileroVad:
 
 
 class VadStream:
-    """One call's VAD: buffers 20 ms frames (160 samples) into 256-sample windows.
+    """One call's VAD: buffers 20 ms frames into 32 ms windows (at the VAD's rate).
 
     Without a batcher each completed window runs inline and :meth:`push` returns the
     probabilities. With one, windows are submitted to it and their probabilities arrive
@@ -173,11 +190,12 @@ class VadStream:
         self._in_flight = False
         self._generation += 1  # a result still in flight belongs to the old audio
 
-    def push(self, pcm8k: NDArray[np.int16]) -> list[float]:
-        """Add 8 kHz int16 audio of any length; returns the probabilities computed now."""
-        a = np.asarray(pcm8k)
+    def push(self, pcm: NDArray[np.int16]) -> list[float]:
+        """Add int16 audio at the VAD's rate, of any length; returns the probabilities
+        computed now."""
+        a = np.asarray(pcm)
         if a.dtype != np.int16 or a.ndim != 1:
-            raise ValueError("pcm8k must be a 1-D int16 array")
+            raise ValueError("pcm must be a 1-D int16 array")
         probs: list[float] = []
         n, pos, size = self.vad.window, 0, a.size
         while pos < size:  # int16 until a window is whole: one conversion per window

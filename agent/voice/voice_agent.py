@@ -60,7 +60,7 @@ from agent.dialogue.profile import AgentProfile
 from agent.dialogue.sentences import split_sentences
 from agent.model_guard import ModelGuard
 from agent.redaction import sensitive_text
-from agent.ticks import FRAME, FRAME_MS, RATE, TICK_S
+from agent.ticks import ECHO_S, FRAME, FRAME_MS, RATE, TICK_S
 from agent.voice.asr import PREROLL_S
 from agent.voice.barge_in import BargeInGate, EchoGate, LoudnessGate
 from agent.voice.call_flow import CallFlow
@@ -112,6 +112,7 @@ UNHEARD_BACKCHANNEL_MS = 800  # speech since a hold the ASR made nothing of: a h
 # asked again, as for words not understood. Before, such a turn got no reply at all, and
 # the caller waited in silence for us (15 s in the matrix's human voice at -35 dBFS).
 UNHEARD_WORDS_MS = 800
+ECHO_TICKS = round(ECHO_S / TICK_S)  # after we sent sound, as long as it may come back
 
 
 @dataclass
@@ -264,6 +265,7 @@ class VoiceAgent(Agent):
         self._holding = False  # a reply to words not understood waits (MISS_HOLD_TICKS)
         self._turn: TurnTiming | None = None
         self._busy = False  # a reply is being produced or played
+        self._ours_tick = -ECHO_TICKS  # the last tick we sent sound (a reply, a tone, hold audio)
         self._silent_ticks = 0  # the floor is the caller's and they say nothing (no_input_s)
         self.no_input_prompts = 0  # "are you still there?" said, all told
         self._cancel = threading.Event()  # TTS of the current reply stops between sentences
@@ -337,6 +339,8 @@ class VoiceAgent(Agent):
         # the caller's side less the echo of what went out this tick: all we listen to
         self.gate.speech_heard = self._user_speaking
         ours = self.playout.play(pcm.size)
+        if ours.any():
+            self._ours_tick = self._tick
         pcm = self.gate.process(pcm, ours, learn=not self.playout.last_tone)
         self._sound_run = self._sound_run + 1 if self.gate.caller_now() else 0
         if self._busy and self._voice_from is None and self.playout.last_played:
@@ -346,8 +350,11 @@ class VoiceAgent(Agent):
             self._drained.set()
         if self.paused or self.guard.fault is not None:  # an operator took over, or a
             return  # model failed (the bridge takes the call over)
+        pcm16 = self._up.process(pcm)  # (the ASR's and the end of turn's rate)
+        # the VAD for the caller's floor once none of our voice can come back (VadGate)
+        self._vad.floor = self._tick - self._ours_tick > ECHO_TICKS
         try:
-            self._vad.push(pcm)
+            self._vad.push(pcm, pcm16)
         except Exception as exc:  # the VAD ran inline (no batching) and raised
             self.guard.report(f"{type(exc).__name__}: {exc}", "vad")
             return
@@ -364,7 +371,6 @@ class VoiceAgent(Agent):
         else:
             self._run = 0
         self._no_input_tick(now)
-        pcm16 = self._up.process(pcm)
         if self._busy:
             # the caller's speech beat our echo (for words said over the reply's very end)
             over = self._user_speaking and self.gate.caller_now()
