@@ -27,19 +27,29 @@ def spoken_question(path: Path) -> Path:
 
 
 def transcribe_recording(path: Path) -> str:
-    """What the shipped ASR hears in the WAV at ``path``, lower-case."""
+    """What the shipped ASR hears in the WAV at ``path``, lower-case: each stretch of
+    speech on its own, joined with spaces.
+
+    Stretches are 20 ms frames above -50 dBFS, split where 0.3 s or more was quiet, each
+    with 0.3 s either side. Why: Moonshine hears nothing in 13 s of which 8 are silent; a
+    bridge on a loaded machine says "One moment", then its answer a sentence at a time
+    with a second or more of silence between; and two full ``make test`` runs read the
+    recording of tests/test_deploy.py as the answer's last sentence alone (the audio was
+    not kept; every loaded recording since reads whole either way)."""
     with wave.open(str(path), "rb") as w:
         rate = w.getframerate()
         pcm = np.frombuffer(w.readframes(w.getnframes()), "<i2")
-    # what was said, between the silences (Moonshine hears nothing in 13 s of which 8 are
-    # silent): 20 ms frames above -50 dBFS, with 0.3 s either side
     frame = rate // 50
     rms = np.sqrt(np.mean(pcm[: pcm.size // frame * frame].reshape(-1, frame) ** 2.0, axis=1))
     loud = np.flatnonzero(rms > 32768 * 10 ** (-50 / 20))
     assert loud.size, "the recording is silent"
-    lo, hi = max(0, (loud[0] - 15) * frame), (loud[-1] + 16) * frame
-    pcm = pcm[lo:hi]
-    up = Resampler(rate, 16000)
-    pcm16 = np.concatenate([up.process(pcm), up.flush()])
+    pad = 15  # frames: 0.3 s
+    breaks = np.flatnonzero(np.diff(loud) > pad) + 1
     models, _ = prepare_agents(load_config(ROOT / "config" / "bridge.toml"))
-    return models.asr.transcribe(pcm16).lower()
+    heard = []
+    for run in np.split(loud, breaks):
+        lo, hi = max(0, (run[0] - pad) * frame), (run[-1] + 1 + pad) * frame
+        up = Resampler(rate, 16000)
+        pcm16 = np.concatenate([up.process(pcm[lo:hi]), up.flush()])
+        heard.append(models.asr.transcribe(pcm16).strip())
+    return " ".join(t for t in heard if t).lower()
