@@ -95,7 +95,8 @@ test: setup lint typecheck
 # The model tests on the AVX2 kernels (qemu's Haswell: no AVX-512, no VNNI), whatever this
 # CPU has; slow (tens of minutes): emulation runs a smart-turn inference in ~25 s.
 MODEL_TESTS ?= tests/test_turn.py tests/test_turn_decisions.py tests/test_unsigned_weights.py \
-	tests/test_vad.py tests/test_asr.py tests/test_int8_matmuls.py tests/test_tts.py
+	tests/test_vad.py tests/test_vad_gate.py tests/test_asr.py tests/test_int8_matmuls.py \
+	tests/test_tts.py
 test-avx2: setup
 	OMP_NUM_THREADS=1 qemu-x86_64 -cpu Haswell $(PY) -m pytest -p no:cacheprovider \
 	  -o timeout=3600 $(PYTEST_ARGS) $(MODEL_TESTS) 2> >(grep -v "TCG doesn't support" >&2)
