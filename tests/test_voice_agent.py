@@ -1006,6 +1006,58 @@ async def test_the_apology_waits_for_a_sound_the_vad_has_not_judged_yet() -> Non
         assert c.agent.merges == 0
 
 
+async def _tick_until_spoken(c: Call, start: str) -> None:
+    """Silent ticks until the agent has said something starting with ``start``."""
+    for _ in range(200):
+        if c.models.spoken and c.models.spoken[-1].startswith(start):
+            return
+        await c.tick()
+    raise AssertionError(f"never said {start!r}: {c.models.spoken}")
+
+
+async def _words_then_sound(c: Call, text: str, sound: int) -> int:
+    """The caller speaks 8 ticks; then the VAD calls it no speech while ``sound`` more
+    ticks are heard, quieter (a soft word ending); then silence, and the turn ends on the
+    end-of-turn model. Returns the tick of the VAD's last speech."""
+    c.models.asr_texts.append(text)
+    c.vad(True, True)
+    await c.tick(8, 2000)
+    said = c.out.tick
+    c.vad(False)
+    await c.tick(sound, 500)
+    c.vad(False, False)
+    await c.tick(2)
+    c.models.eot.fire = "model"
+    await c.tick()
+    await c.until(lambda: bool(c.agent.turns) and c.agent.turns[-1].asr_done > 0)
+    return said
+
+
+@aio
+async def test_the_apology_counts_the_pause_from_where_the_last_word_trailed_off() -> None:
+    """Silero calls a soft ending no speech ("-anks" of "Great, thanks.": 0.25 s before
+    its sound ended, over a lossy line): the longer pause counts from the end of the
+    sound the speech trailed off into, TAIL_TICKS of it at most, so a caller who goes on
+    after a second's pause does not hear "Sor-" first. Sound after a silence is no tail."""
+    tail = voice_module.TAIL_TICKS
+    for sound in (10, 3 * tail):
+        async with Call() as c:
+            n = len(c.out.writes)
+            said = await _words_then_sound(c, "I would like to ask about", sound)
+            quiet_from = said + min(sound, tail)
+            await c.tick(quiet_from + MISS_HOLD - 2 - c.out.tick)
+            assert len(c.out.writes) == n, (sound, c.out.tick - said)
+            await _tick_until_spoken(c, "Sorry")
+            assert c.out.tick - quiet_from <= MISS_HOLD + 5, (sound, c.out.tick - said)
+    async with Call() as c:  # a click after a silence does not start the count afresh
+        n = len(c.out.writes)
+        said = await _words_then_sound(c, "I would like to ask about", 0)
+        await c.tick(said + 20 - c.out.tick)
+        await c.tick(1, 2000)
+        await _tick_until_spoken(c, "Sorry")
+        assert c.out.tick - said <= MISS_HOLD + 5
+
+
 @aio
 async def test_the_retry_for_a_number_a_digit_short_waits_a_shorter_pause() -> None:
     """A number said with too few digits is an answer the caller took for whole: its

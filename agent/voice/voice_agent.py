@@ -100,6 +100,13 @@ MISS_HOLD_TICKS = 60
 # bench (1.51-1.55 s heard, over the 1.5 s target); a reader going on after 1 s is merged
 SHORT_HOLD_TICKS = 50
 SOUND_WAIT_TICKS = 2  # ... and the caller is not making a sound (over the line's noise)
+# ... counted from the end of their last word: its speech, and the sound it trailed off
+# into unbroken, up to this long. Why: Silero's speech over espeak's "thanks" (of "Great,
+# thanks.", -25 dBFS, no loss) lasted 0.54 s in some calls and ended 0.22 s early in
+# others, its soft end under the threshold; a caller who then paused 1.1 s between
+# sentences heard "Sor-" (the reply to words not understood) before the merge stopped
+# it: pauses step 13 of bench/conversations.py, 1-2 calls in 24 a cell
+TAIL_TICKS = 15
 SOUND_GRACE_TICKS = 25  # ... unless the VAD hears no speech in it for this long
 BACKCHANNEL_MAX_MS = 1200  # speech over a held reply longer than this is no backchannel
 WORD_GAP_TICKS = 15  # a pause up to 300 ms is one between words (a comma), not an end
@@ -260,7 +267,8 @@ class VoiceAgent(Agent):
         self._run = 0  # consecutive speech ticks (barge-in)
         self._sound_run = 0  # consecutive ticks that beat our echo and the line's noise
         self._last_speech_t = 0.0
-        self._speech_tick = 0  # the tick of the caller's last speech
+        self._speech_tick = 0  # the tick of the caller's last speech (or its tail: TAIL_TICKS)
+        self._said_tick = 0  # the tick of the VAD's last window of speech
         self._ticked = asyncio.Event()  # set by each tick
         self._holding = False  # a reply to words not understood waits (MISS_HOLD_TICKS)
         self._turn: TurnTiming | None = None
@@ -364,8 +372,14 @@ class VoiceAgent(Agent):
             return
         if self._user_speaking:
             self._last_speech_t = now
-            self._speech_tick = self._tick
+            self._speech_tick = self._said_tick = self._tick
             self._speech_ticks += 1
+        elif (
+            self._sound_run
+            and self._speech_tick == self._tick - 1
+            and self._tick - self._said_tick <= TAIL_TICKS
+        ):
+            self._speech_tick = self._tick  # a word's soft end, unbroken since its speech
         if self._confirmed:
             self._run += 1
         else:
@@ -902,8 +916,8 @@ class VoiceAgent(Agent):
         self._sensitive_heard = self._sensitive_heard or timing.sensitive
 
     async def _caller_quiet(self, gen: int, ticks: int) -> None:
-        """Until the caller has been quiet for ``ticks`` (speech starts the count afresh),
-        or reply ``gen`` was stopped."""
+        """Until the caller has been quiet for ``ticks`` (speech, and the sound a word trails
+        off into, start the count afresh: TAIL_TICKS), or reply ``gen`` was stopped."""
         self._holding = True
         try:
             while gen == self._gen and not self._closed:
