@@ -692,17 +692,37 @@ async def test_an_empty_transcript_gets_no_reply_then_goodbye_hangs_up_after_the
         assert [w for w, _ in c.transcript] == ["agent", "caller", "agent"]
 
 
-async def _unheard_sentence(c: Call, ticks: int = 50) -> None:
-    """The caller says a sentence (``ticks`` of speech) the ASR makes nothing of: too quiet,
-    a burst of loss. Returns when the turn has been transcribed (as nothing)."""
-    c.models.asr_texts.append("")
+async def _tick_until_spoken(c: Call, start: str) -> None:
+    """Silent ticks until the agent has said something starting with ``start``."""
+    for _ in range(200):
+        if c.models.spoken and c.models.spoken[-1].startswith(start):
+            return
+        await c.tick()
+    raise AssertionError(f"never said {start!r}: {c.models.spoken}")
+
+
+async def _words_then_sound(c: Call, text: str, sound: int, *, speech: int = 8) -> int:
+    """The caller speaks ``speech`` ticks; then the VAD calls it no speech while ``sound`` more
+    ticks are heard, quieter (a soft word ending); then silence, and the turn ends on the
+    end-of-turn model. Returns the tick of the VAD's last speech."""
+    c.models.asr_texts.append(text)
     c.vad(True, True)
-    await c.tick(ticks, 2000)
+    await c.tick(speech, 2000)
+    said = c.out.tick
+    c.vad(False)
+    await c.tick(sound, 500)
     c.vad(False, False)
     await c.tick(2)
     c.models.eot.fire = "model"
     await c.tick()
     await c.until(lambda: bool(c.agent.turns) and c.agent.turns[-1].asr_done > 0)
+    return said
+
+
+async def _unheard_sentence(c: Call, ticks: int = 50) -> None:
+    """The caller says a sentence (``ticks`` of speech) the ASR makes nothing of: too quiet,
+    a burst of loss. Returns when the turn has been transcribed (as nothing)."""
+    await _words_then_sound(c, "", 0, speech=ticks)
 
 
 @aio
@@ -1004,33 +1024,6 @@ async def test_the_apology_waits_for_a_sound_the_vad_has_not_judged_yet() -> Non
         # (past 1.5 s of waiting a filler may come first)
         await c.until(lambda: c.models.spoken[-1].startswith("Sorry, I didn't"), "the apology")
         assert c.agent.merges == 0
-
-
-async def _tick_until_spoken(c: Call, start: str) -> None:
-    """Silent ticks until the agent has said something starting with ``start``."""
-    for _ in range(200):
-        if c.models.spoken and c.models.spoken[-1].startswith(start):
-            return
-        await c.tick()
-    raise AssertionError(f"never said {start!r}: {c.models.spoken}")
-
-
-async def _words_then_sound(c: Call, text: str, sound: int) -> int:
-    """The caller speaks 8 ticks; then the VAD calls it no speech while ``sound`` more
-    ticks are heard, quieter (a soft word ending); then silence, and the turn ends on the
-    end-of-turn model. Returns the tick of the VAD's last speech."""
-    c.models.asr_texts.append(text)
-    c.vad(True, True)
-    await c.tick(8, 2000)
-    said = c.out.tick
-    c.vad(False)
-    await c.tick(sound, 500)
-    c.vad(False, False)
-    await c.tick(2)
-    c.models.eot.fire = "model"
-    await c.tick()
-    await c.until(lambda: bool(c.agent.turns) and c.agent.turns[-1].asr_done > 0)
-    return said
 
 
 @aio
