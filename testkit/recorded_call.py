@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from resample import Resampler
 from sip_bridge.agents import prepare_agents
 from sip_bridge.config.loader import load_config
+from testkit.vad_audio import resampled
 
 __all__ = ["spoken_question", "transcribe_recording"]
 
@@ -49,7 +49,5 @@ def transcribe_recording(path: Path) -> str:
     heard = []
     for run in np.split(loud, breaks):
         lo, hi = max(0, (run[0] - pad) * frame), (run[-1] + 1 + pad) * frame
-        up = Resampler(rate, 16000)
-        pcm16 = np.concatenate([up.process(pcm[lo:hi]), up.flush()])
-        heard.append(models.asr.transcribe(pcm16).strip())
+        heard.append(models.asr.transcribe(resampled(pcm[lo:hi], rate, 16000)).strip())
     return " ".join(t for t in heard if t).lower()

@@ -53,13 +53,8 @@ def test_at_16_khz_a_quiet_one_word_answer_is_speech_wherever_the_windows_fall(
     over the word. (At 8 kHz it was 19, 2, 0 and 2 windows: a caller's one-word answer
     came and went unheard.) The 16 kHz windows are 32 ms too; the segmenter counts in
     their samples."""
-    x, rate = read_pcm(HOURS)
-    assert rate == RATE
-    word = scale_to_level(x, -38.0)
     for shift in (0, 64, 128, 192):
-        pad = np.zeros(2400 + shift, np.int16)
-        line = g711.ulaw_decode(g711.ulaw_encode(np.concatenate((pad, word, pad[:2400]))))
-        wide = _to_16k(line)
+        _, wide = _hours_at(-38.0, shift)
         p = np.array(VadStream(vad16).push(wide))
         assert p.size == wide.size // 512
         assert np.sum(p >= 0.5) >= 10, (shift, p.round(2))
@@ -99,7 +94,8 @@ def test_the_gate_reports_onsets_in_line_samples_at_either_rate(
 
 def _hours_at(level: float, shift: int) -> tuple[NDArray[np.int16], NDArray[np.int16]]:
     """The recorded "hours" through G.711 after 0.3 s of quiet: at 8 kHz and upsampled."""
-    x, _ = read_pcm(HOURS)
+    x, rate = read_pcm(HOURS)
+    assert rate == RATE
     pad = np.zeros(2400 + shift, np.int16)
     line = np.concatenate((pad, scale_to_level(x, level), np.zeros(2400, np.int16)))
     line = g711.ulaw_decode(g711.ulaw_encode(line))
