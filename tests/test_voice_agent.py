@@ -701,6 +701,17 @@ async def _tick_until_spoken(c: Call, start: str) -> None:
     raise AssertionError(f"never said {start!r}: {c.models.spoken}")
 
 
+async def _hold_over_at(c: Call) -> int:
+    """The tick at which the wait before a reply to words not understood ends (ticking
+    until it does; the wait itself may begin late on a loaded machine, its end may not)."""
+    await c.until(lambda: c.agent._holding, "the hold")
+    for _ in range(200):
+        if not c.agent._holding:
+            return c.out.tick
+        await c.tick()
+    raise AssertionError("the hold never ended")
+
+
 async def _words_then_sound(c: Call, text: str, sound: int, *, speech: int = 8) -> int:
     """The caller speaks ``speech`` ticks; then the VAD calls it no speech while ``sound`` more
     ticks are heard, quieter (a soft word ending); then silence, and the turn ends on the
@@ -1040,15 +1051,14 @@ async def test_the_apology_counts_the_pause_from_where_the_last_word_trailed_off
             quiet_from = said + min(sound, tail)
             await c.tick(quiet_from + MISS_HOLD - 2 - c.out.tick)
             assert len(c.out.writes) == n, (sound, c.out.tick - said)
+            assert await _hold_over_at(c) - quiet_from <= MISS_HOLD + 2, (sound, said)
             await _tick_until_spoken(c, "Sorry")
-            assert c.out.tick - quiet_from <= MISS_HOLD + 5, (sound, c.out.tick - said)
     async with Call() as c:  # a click after a silence does not start the count afresh
-        n = len(c.out.writes)
         said = await _words_then_sound(c, "I would like to ask about", 0)
         await c.tick(said + 20 - c.out.tick)
         await c.tick(1, 2000)
+        assert await _hold_over_at(c) - said <= MISS_HOLD + 2
         await _tick_until_spoken(c, "Sorry")
-        assert c.out.tick - said <= MISS_HOLD + 5
 
 
 @aio
