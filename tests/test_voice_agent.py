@@ -100,6 +100,7 @@ class FakeModels:
         # a whole clip's text (what a held reply's probe asks): the next canned text
         self.asr = SimpleNamespace(transcribe=self._transcribe)
         self.clips: list[int] = []  # samples of each clip transcribed whole
+        self.leaned: list[bool] = []  # ... and whether it leaned toward the dialogue's phrases
         self.executor = ThreadPoolExecutor(1)
         self.asr_texts: deque[str] = deque()
         self.finish_futures: deque[Future[str]] = deque()
@@ -118,8 +119,9 @@ class FakeModels:
         self.floors: list[bool] = []  # ... at each push
         self.cache: dict[str, NDArray[np.int16]] = {}  # pieces the phrase cache holds
 
-    def _transcribe(self, pcm: NDArray[np.int16], **_: object) -> str:
+    def _transcribe(self, pcm: NDArray[np.int16], *, bias: object = None, **_: object) -> str:
         self.clips.append(pcm.size)
+        self.leaned.append(bias is not None)
         return self.asr_texts.popleft()
 
     def vad_stream(self, on_vad: Callable[[bool, int | None, bool | None], None]) -> FakeModels:
@@ -1250,6 +1252,43 @@ async def test_a_long_utterance_the_asr_made_nothing_of_is_no_backchannel(
             assert c.agent.barge_ins == 0 and len(c.out.writes) > writes  # it went on
 
 
+@pytest.mark.parametrize(
+    ("plain", "leaning", "goes_on"),
+    [
+        # a question over the greeting at -15 dBFS over 3 % loss as the ASR made it out,
+        # then leaning toward the dialogue's phrases (bench/conversations: order_by_voice,
+        # whose greeting went on over "Where is my order?", never answered)
+        ("Wherein my murder,", "Where is my order?", False),
+        ("M. M. M.", "M. M. M.", True),  # espeak's "mm-hmm", either way
+        ("Heard your art,", "Your order.", True),  # only the greeting's words: its echo
+    ],
+)
+@aio
+async def test_words_not_understood_over_a_held_reply_are_heard_again_leaning_to_our_phrases(
+    plain: str, leaning: str, goes_on: bool
+) -> None:
+    """A few words the dialogue would not understand are heard once more leaning toward
+    what it listens for: understood then, and not only our own reply's words, they are
+    the caller's question and take the floor; otherwise the reply goes on."""
+    async with Call(greeted=False) as c:
+        await c.tick(30)
+        c.models.asr_texts.extend([plain, leaning])
+        c.vad(True, True)
+        await c.tick(BARGE_TICKS, OUR_RMS)
+        writes = len(c.out.writes)
+        c.vad(False, False)
+        await c.tick(4)
+        if goes_on:
+            await c.until(lambda: c.agent.held_unsure == plain, "both probes")
+            await c.tick(WORD_GAP - 4)
+            await c.until(lambda: c.agent.backchannels == 1, "the reply going on")
+            assert c.agent.barge_ins == 0 and len(c.out.writes) > writes
+        else:
+            await c.until(lambda: c.agent.barge_ins == 1, "the barge-in")
+            assert c.agent.backchannels == 0 and len(c.out.writes) == writes
+        assert c.models.leaned == [False, True]
+
+
 @aio
 async def test_words_not_understood_at_a_pause_inside_the_question_do_not_let_it_go_on() -> None:
     """A quiet caller over loss: the first 60 ms pause of "What are your opening hours?"
@@ -1259,7 +1298,8 @@ async def test_words_not_understood_at_a_pause_inside_the_question_do_not_let_it
     over the whole question, which was never answered)."""
     async with Call(greeted=False) as c:
         await c.tick(30)
-        c.models.asr_texts.extend(["Well,", "what are your opening hours"] * 2)
+        # the probe, the probe leaning toward our phrases, the turn
+        c.models.asr_texts.extend(["Well,", "Well,", "what are your opening hours"] * 2)
         c.vad(True, True)
         await c.tick(BARGE_TICKS, OUR_RMS)
         writes = len(c.out.writes)

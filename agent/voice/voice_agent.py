@@ -202,6 +202,7 @@ class _Held:
     asked: float = 0.0  # when the latest probe was queued, and when it ran (monotonic)
     ran: float = 0.0
     unsure: str | None = None  # a probe's words not understood: go on if the pause lasts
+    plain: str | None = None  # those words, while a probe leaning toward our phrases runs
 
 
 class VoiceAgent(Agent):
@@ -647,35 +648,42 @@ class VoiceAgent(Agent):
         first pause, what did they say?"""
         if self._user_speaking:
             held.speech += 1
-            held.probe = held.unsure = None  # they went on: an earlier pause's words are
-            if held.speech * FRAME_MS > BACKCHANNEL_MAX_MS:  # not all of it
+            # they went on: an earlier pause's words are not all of it
+            held.probe = held.unsure = held.plain = None
+            if held.speech * FRAME_MS > BACKCHANNEL_MAX_MS:
                 self._commit_hold()
         elif held.unsure is not None and self._quiet >= WORD_GAP_TICKS:
             self._resume(held.unsure, "not understood")
         elif held.probe is None and self._quiet * FRAME_MS >= SPECULATE_MS:
             # the words since the hold, as one clip: an utterance this short is heard best
-            # whole (the transcriber's segments cut it at the VAD's flickers)
-            clip = np.concatenate(held.audio)
-            held.asked = time.monotonic()
+            # whole (the transcriber's segments cut it at the VAD's flickers); not leaning
+            # toward our phrases: over a reply, what comes back may be our own words' echo,
+            # which holds them
+            self._probe(held, np.concatenate(held.audio), None)
 
-            def transcribe() -> str:
-                held.ran = time.monotonic()
-                # not leaning toward our phrases: over a reply, what comes back may be our
-                # own words' echo, which holds them
-                return self.models.asr.transcribe(clip)
+    def _probe(self, held: _Held, clip: NDArray[np.int16], bias: PhraseBias | None) -> None:
+        """What the caller said over the held reply, asked of the ASR off the loop."""
+        held.asked = time.monotonic()
 
-            probe = held.probe = self.guard.executor("asr").submit(transcribe)
-            loop = self._loop
-            assert loop is not None
-            probe.add_done_callback(lambda f: loop.call_soon_threadsafe(self._probed, held, f))
+        def transcribe() -> str:
+            held.ran = time.monotonic()
+            return self.models.asr.transcribe(clip, bias=bias)
 
-    def _probed(self, held: _Held, probe: Future[str]) -> None:
+        probe = held.probe = self.guard.executor("asr").submit(transcribe)
+        loop = self._loop
+        assert loop is not None
+        probe.add_done_callback(lambda f: loop.call_soon_threadsafe(self._probed, held, f, clip))
+
+    def _probed(self, held: _Held, probe: Future[str], clip: NDArray[np.int16]) -> None:
         if self._held is not held or held.probe is not probe or self._closed:
             return  # settled meanwhile, or the caller went on
         try:
             text = probe.result()
         except Exception:  # the guard reports a failed model; here: not understood
             text = ""
+        if held.plain is not None:
+            self._probed_leaning(held, text)
+            return
         # nothing made out is a hum, if short; a longer utterance the ASR missed was words
         short = held.speech * FRAME_MS <= UNHEARD_BACKCHANNEL_MS
         words = normalize(text)
@@ -706,15 +714,42 @@ class VoiceAgent(Agent):
             # caller over loss): the reply stops for them as for any caller taking the
             # floor. So may these, if the pause was only one inside the words (a quiet
             # caller over loss: "Well," at the first 60 ms pause of "What are your opening
-            # hours?"): the reply goes on once the pause is one between sentences
-            if self._quiet >= WORD_GAP_TICKS:
-                self._resume(text, "not understood")
+            # hours?"): the reply goes on once the pause is one between sentences.
+            # Words first heard once more leaning toward what the dialogue listens for: a
+            # question over loss ("Where is my order?" as "Wherein my murder,") is then
+            # understood, a hum is not ("M. M. M.", "And they can," stay so)
+            bias = self._phrase_bias() if words else None
+            if bias is not None:
+                held.plain = text
+                self._probe(held, clip, bias)
             else:
-                held.unsure = text
+                self._not_understood(held, text)
         else:
             shown = sensitive_text(text) if self.sensitive else text  # a PIN said over the
             log.debug("over a held reply: %r, not a backchannel", shown)  # prompt for it
             self._commit_hold()
+
+    def _probed_leaning(self, held: _Held, text: str) -> None:
+        """The words over the held reply heard again, leaning toward our phrases: taken as
+        the caller's when the dialogue understands them and they are not only words of this
+        reply (its echo, leaned toward the phrases it holds)."""
+        plain, held.plain = held.plain, None
+        assert plain is not None
+        ours = self._reply_words()
+        if self._understood(text) and not all(w in ours for w in normalize(text)):
+            shown = sensitive_text(text) if self.sensitive else text
+            log.debug("over a held reply: %r leaning to our phrases, not a backchannel", shown)
+            self._commit_hold()
+        else:
+            self._not_understood(held, plain)
+
+    def _not_understood(self, held: _Held, text: str) -> None:
+        """A few words over the held reply that are no turn: it goes on once the caller's
+        pause is one between sentences."""
+        if self._quiet >= WORD_GAP_TICKS:
+            self._resume(text, "not understood")
+        else:
+            held.unsure = text
 
     def _our_own_words(self, text: str) -> bool:
         """Every word of ``text`` is in what this reply has played or queued (fillers
@@ -722,13 +757,17 @@ class VoiceAgent(Agent):
         floor ("No." over "...yes or no?" is the caller's). Asked only after MAX_MERGES
         merges in a row: a caller who answers a menu with its own words ("opening hours")
         is otherwise heard as usual."""
-        ours = {w for t in self.playout.texts() for w in normalize(t)}
+        ours = self._reply_words()
         words = normalize(text)
         if not words or not all(w in ours for w in words[:-1]):
             return False
         last = words[-1]  # the echo ends where we faded: "Thanks for call-"
         cut = len(last) >= 2 and any(w.startswith(last) for w in ours)
         return (last in ours or cut) and (len(words) > 1 or not takes_floor(text))
+
+    def _reply_words(self) -> set[str]:
+        """The words of what this reply has played or queued, fillers included."""
+        return {w for t in self.playout.texts() for w in normalize(t)}
 
     def _understood(self, text: str) -> bool:
         return self.engine is None or self.engine.understands(text)
