@@ -1272,7 +1272,8 @@ async def test_words_not_understood_over_a_held_reply_are_heard_again_leaning_to
     the caller's question and take the floor; otherwise the reply goes on."""
     async with Call(greeted=False) as c:
         await c.tick(30)
-        c.models.asr_texts.extend([plain, leaning])
+        # the two probes, then what the turn hears if the words take the floor
+        c.models.asr_texts.extend([plain, leaning, leaning, leaning])
         c.vad(True, True)
         await c.tick(BARGE_TICKS, OUR_RMS)
         writes = len(c.out.writes)
