@@ -19,8 +19,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +32,9 @@ from agent.voice.asr import MoonshineAsr
 from agent.voice.phrase_bias import phrase_bias
 from agent.words import normalize
 from sip_bridge.script.line_sim import PacketSchedule
+from sip_bridge.script.script_voice import espeak_ng
 from testkit.line_echo import at_level, g711
-from testkit.vad_audio import read_pcm, resampled
+from testkit.vad_audio import resampled
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "agents" / "demo.toml"
@@ -45,14 +44,6 @@ VOICES = ("en-us", "en-gb-x-rp+f3", "en-us+m3", "en-us+f2", "en-gb")
 LEVELS = (-15.0, -25.0, -35.0)
 LOSSES = (0.0, 3.0)
 FRAME = 160  # 20 ms at 8 kHz
-
-
-def spoken(text: str, voice: str, tmp: Path) -> NDArray[np.int16]:
-    """``text`` in espeak-ng's ``voice`` (165 words a minute, as `sip-bridge script`), 8 kHz."""
-    out = tmp / "said.wav"
-    subprocess.run(["espeak-ng", "-v", voice, "-s", "165", "-w", str(out), text], check=True)
-    x, rate = read_pcm(out)
-    return resampled(x, rate, 8000)
 
 
 def on_the_line(x: NDArray[np.int16], level: float, loss: float, seed: int) -> NDArray[np.int16]:
@@ -74,7 +65,6 @@ def main() -> None:
     bias = phrase_bias(engine.listening_for(), profile.matching.phrase_boost)
     asr = MoonshineAsr(threads=1, weights="int8", device="cpu")
     rows: list[dict[str, Any]] = []
-    tmp = Path(tempfile.mkdtemp())
     cases = [(t, "hum") for t in HUMS] + [(t, "question") for t in QUESTIONS]
     known = profile.barge_in.backchannels
 
@@ -87,7 +77,7 @@ def main() -> None:
         return few and not any(engine.understands(h) for h in heard)
 
     for seed, ((text, kind), voice) in enumerate(itertools.product(cases, VOICES)):
-        x = spoken(text, voice, tmp)
+        x = espeak_ng(text, voice)  # as `sip-bridge script`'s caller says it
         for level, loss in itertools.product(LEVELS, LOSSES):
             clip = on_the_line(x, level, loss, seed)
             plain = str(asr.transcribe(clip))
