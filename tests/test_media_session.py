@@ -24,9 +24,9 @@ from agent import Agent, AgentEvent, AgentOutput, CallInfo, DtmfEvent, EchoAgent
 from jitter import JitterBuffer
 from resample import alaw_decode, alaw_encode, ulaw_decode, ulaw_encode
 from sip_bridge.media.call_media import CallMedia, MediaParams, RtpReceiver
-from sip_bridge.media.dtmf import DtmfDigit, DtmfReceiver, DtmfSender
+from sip_bridge.media.dtmf import END_LOST_S, DtmfDigit, DtmfReceiver, DtmfSender
 from sip_bridge.media.pacer import Pacer, next_tick
-from sip_bridge.media.rtp import RtpPacket, RtpSender, unwrap_seq
+from sip_bridge.media.rtp import RtpPacket, RtpSender, TelephoneEvent, unwrap_seq
 from sip_bridge.media.rtp_ports import RtpPortPool
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,6 +80,7 @@ async def _call(
     latch: bool = False,
     garbage: bool = False,
     dtmf_at: int | None = None,
+    dtmf_end_lost: bool = False,
     lead_s: float = 0.3,
     tone_s: float = 0.8,
     tail_s: float = 0.6,
@@ -95,7 +96,13 @@ async def _call(
     params = MediaParams(host, sdp_port, payload_type=pt, latch=latch, local_host=host)
     media = CallMedia(agent, _pool(host), params, CallInfo(call_id="t1"))
     keys_seen: list[tuple[str, int]] = []  # (key, events the agent had when the bridge got it)
-    media.on_caller_dtmf = lambda e: keys_seen.append((e.digit, len(agent.events)))
+    keys_at: list[float] = []  # when the bridge got each key (the loop's clock)
+
+    def seen(e: DtmfEvent) -> None:
+        keys_seen.append((e.digit, len(agent.events)))
+        keys_at.append(loop.time())
+
+    media.on_caller_dtmf = seen
     port = await media.start()
     dest = (host, port)
     tx = _tone_stream(lead_s, tone_s, tail_s)
@@ -105,14 +112,18 @@ async def _call(
     t0 = loop.time() + 0.05
     frames = tx.size // FRAME
     dtmf_queue: list[tuple[float, bytes]] = []
+    key_sent: list[float] = []  # when each of the key's packets went
     for k in range(frames):
         deadline = t0 + k * 0.02
         await asyncio.sleep(max(0.0, deadline - loop.time()))
         while dtmf_queue and dtmf_queue[0][0] <= loop.time():
             phone_t.sendto(dtmf_queue.pop(0)[1], dest)
+            key_sent.append(loop.time())
         send_times.append(loop.time())
         if dtmf_at is not None and k == dtmf_at:
             digits = DtmfSender(sender, ptime_ms=20).packets("5", duration_ms=100)
+            if dtmf_end_lost:  # lost on the way: only the key's start and updates arrive
+                digits = [(o, d) for o, d in digits if not _is_end(d)]
             dtmf_queue = [(loop.time() + off, d) for off, d in digits]
         if dtmf_queue or (dtmf_at is not None and dtmf_at <= k < dtmf_at + 8):
             sender.skip(FRAME, talkspurt=False)  # key press replaces audio
@@ -141,6 +152,7 @@ async def _call(
             stranger_t.sendto(stranger, dest)
             garbage_sent["source"] += 1
     await asyncio.sleep(0.15)
+    closed_at = loop.time()
     await media.close("test over")
     for t in (phone_t, decoy_t, stranger_t):
         t.close()
@@ -165,6 +177,9 @@ async def _call(
     call = Call(pt, tx, send_times, rx, rx_times, packets, media, agent)
     call.extra["garbage"] = garbage_sent
     call.extra["keys_seen"] = keys_seen
+    call.extra["keys_at"] = keys_at
+    call.extra["key_sent"] = key_sent
+    call.extra["closed_at"] = closed_at
     call.extra["events"] = events
     call.extra["decoy"] = len(decoy.received)
     return call
@@ -298,6 +313,25 @@ def test_dtmf_reaches_the_agent_once_and_the_echo_presses_it_back() -> None:
     assert DtmfReceiver(101).feed_all(back) == [DtmfDigit("5", 100.0, back[0].timestamp)]
     audio_ssrc = {p.ssrc for _, p in call.packets}
     assert {p.ssrc for p in back} == audio_ssrc  # same stream, in place of audio frames
+
+
+def _is_end(data: bytes) -> bool:
+    return TelephoneEvent.parse(RtpPacket.parse(data).payload).end
+
+
+def test_a_key_whose_end_packets_are_lost_reaches_the_agent_while_the_call_goes_on() -> None:
+    """A key pressed alone whose three RFC 4733 End packets are lost: no next key comes
+    to report it. It reaches the agent END_LOST_S after its last packet, not when the call
+    ends (bench/conversations: the caller waited 6.5 s for "Are you still there?")."""
+    call = asyncio.run(
+        _call("127.0.0.1", 8, dtmf_at=20, dtmf_end_lost=True, tone_s=0.4, tail_s=1.0)
+    )
+    assert call.agent.events == [DtmfEvent("5", 80.0), HangupEvent("test over")]
+    sent, got = call.extra["key_sent"], call.extra["keys_at"]
+    assert isinstance(sent, list) and isinstance(got, list) and len(got) == 1
+    closed = call.extra["closed_at"]
+    assert isinstance(closed, float) and got[0] < closed  # not the hang-up's flush
+    assert got[0] - sent[-1] >= END_LOST_S - 0.02  # it waited for the key to go quiet
 
 
 class Talker(Agent):

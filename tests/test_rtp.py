@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sip_bridge.media.dtmf import DtmfDigit, DtmfReceiver, DtmfSender
+from sip_bridge.media.dtmf import END_LOST_S, DtmfDigit, DtmfReceiver, DtmfSender
 from sip_bridge.media.rtp import (
     DTMF_EVENTS,
     InterarrivalJitter,
@@ -555,6 +555,25 @@ def test_dtmf_all_end_packets_lost_then_next_event() -> None:
         DtmfDigit("9", 100.0, 1000, end_seen=False),
         DtmfDigit("2", 100.0, 4000),
     ]
+
+
+def test_dtmf_a_key_whose_end_packets_are_lost_is_reported_once_it_goes_quiet() -> None:
+    """A key pressed alone, its three End packets lost in a burst: no next key will come
+    to report it. Once no packet of it has arrived for END_LOST_S it is reported, once
+    (bench/conversations: the caller waited 6.5 s for "Are you still there?")."""
+    rx = DtmfReceiver()
+    heard = [p for p in _press(1000, 2, total=960) if not TelephoneEvent.parse(p.payload).end]
+    for k, pkt in enumerate(heard):
+        assert rx.feed(pkt, now=10.0 + 0.02 * k) == []
+    last = 10.0 + 0.02 * (len(heard) - 1)
+    assert rx.expire(last + END_LOST_S - 0.02) == []  # a gap in its updates, not its end
+    assert rx.expire(last + END_LOST_S) == [DtmfDigit("2", 100.0, 1000, end_seen=False)]
+    assert rx.expire(last + 2 * END_LOST_S) == []
+    assert rx.feed_all(_press(1000, 2, total=960)[-3:]) == []  # its End packets, late
+    untimed = DtmfReceiver()  # packets fed without their arrival time never expire
+    untimed.feed_all(heard)
+    assert untimed.expire(1e9) == []
+    assert untimed.flush() == [DtmfDigit("2", 100.0, 1000, end_seen=False)]
 
 
 def test_dtmf_flush_reports_pending_event_once() -> None:

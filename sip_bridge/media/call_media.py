@@ -383,6 +383,8 @@ class CallMedia(ClockedCall):
         if self.sock is not None and clock is not None and clock.poller is None:
             for data, addr, arrival in self.sock.drain(now):
                 self.on_datagram(data, addr, arrival)
+        if self.receiver.dtmf is not None:  # a key whose End packets were lost
+            self._deliver_digits(self.receiver.dtmf.expire(now))
         if now - t > 1.0:
             t = now  # the loop stalled for a second: do not replay every missed tick
         jb = self.jb

@@ -24,7 +24,7 @@ from sip_bridge.media.rtp import (
     event_to_dtmf,
 )
 
-__all__ = ["DtmfDigit", "DtmfOutbox", "DtmfReceiver", "DtmfSender"]
+__all__ = ["END_LOST_S", "DtmfDigit", "DtmfOutbox", "DtmfReceiver", "DtmfSender"]
 
 _TS_MOD = 1 << 32
 
@@ -44,6 +44,12 @@ class DtmfDigit:
     end_seen: bool = True
 
 
+#: seconds without a packet of an event in progress after which its End packets are taken
+#: for lost: senders update an event every 50 ms or so (RFC 4733 section 2.5.1.2), so this
+#: is several updates lost in a row, or the key released
+END_LOST_S = 0.5
+
+
 class DtmfReceiver:
     """Telephone-event packets in, one :class:`DtmfDigit` per key press out.
 
@@ -58,8 +64,10 @@ class DtmfReceiver:
       number arithmetic, so it survives the 32-bit wrap).
     * If all End packets are lost, the event is reported (``end_seen=False``, last
       duration seen) as soon as a packet with a newer timestamp arrives, i.e. when the
-      next key press starts.  Call :meth:`flush` at the end of the call (or from a
-      timer) to report a final event whose End packets were lost.
+      next key press starts, or once :meth:`expire` finds no packet of it for
+      :data:`END_LOST_S` (the media path asks each tick: a key pressed alone, its End
+      packets lost in a burst, would otherwise wait for the next key or the call's end
+      while the caller waits for an answer).  Call :meth:`flush` at the end of the call.
     * An RFC 4733 long-duration event (duration reached 0xFFFF and a new segment starts
       exactly 0xFFFF later with the same event code) continues the same digit.
     * A change of SSRC flushes the pending event and restarts the state.
@@ -82,10 +90,12 @@ class DtmfReceiver:
         self._cur_event = 0
         self._cur_duration = 0  # duration of the current segment
         self._cur_base = 0  # total duration of the previous segments
+        self._cur_heard: float | None = None  # when its newest packet arrived (None: untimed)
         self.ignored = 0  # packets ignored (wrong PT, malformed, duplicate, stale)
 
-    def feed(self, packet: RtpPacket) -> list[DtmfDigit]:
-        """Feed one RTP packet; returns the digits it completes (0, 1 or 2)."""
+    def feed(self, packet: RtpPacket, now: float | None = None) -> list[DtmfDigit]:
+        """Feed one RTP packet that arrived at ``now`` (seconds, any clock :meth:`expire`
+        is given; None: never expired); returns the digits it completes (0, 1 or 2)."""
         if packet.payload_type != self.payload_type:
             self.ignored += 1
             return []
@@ -128,6 +138,7 @@ class DtmfReceiver:
             self._cur_base = 0
         self._cur_ts = ts
         self._newest_ts = ts
+        self._cur_heard = now
         self._cur_duration = max(self._cur_duration, ev.duration)
         if ev.end:
             out.append(self._finish(end_seen=True))
@@ -139,6 +150,14 @@ class DtmfReceiver:
         for p in packets:
             out.extend(self.feed(p))
         return out
+
+    def expire(self, now: float) -> list[DtmfDigit]:
+        """The event in progress, reported if no packet of it came for :data:`END_LOST_S`
+        up to ``now`` (its End packets were lost)."""
+        heard = self._cur_heard
+        if self._cur_ts is None or heard is None or now - heard < END_LOST_S:
+            return []
+        return self.flush()
 
     def flush(self) -> list[DtmfDigit]:
         """Report the event in progress, if any (its End packets never arrived)."""

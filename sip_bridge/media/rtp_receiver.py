@@ -125,7 +125,7 @@ class RtpReceiver:
                 self.jb.skip_sequence(pkt.sequence, pkt.ssrc)
                 if self.on_event_packet is not None:
                     self.on_event_packet(pkt.ssrc, pkt.sequence)
-            return self.dtmf.feed(pkt)
+            return self.dtmf.feed(pkt, now)
         if not self._ssrc_ok(pkt.ssrc):
             self.wrong_ssrc += 1
             return []
