@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from typing import Any
 
 import pytest
 
@@ -117,6 +118,46 @@ def test_busy_port_is_a_clear_error() -> None:
         await first.close()
 
     asyncio.run(main())
+
+
+def test_port_0_whose_tcp_twin_is_taken_meanwhile_gets_another_port() -> None:
+    """Port 0: the OS picks a UDP port and TCP takes the same number. If something else
+    listens on that TCP port first (make test saw it: "127.0.0.1:45538/tcp is already in
+    use"), the bridge gives the pair back and asks again instead of failing to start."""
+    squatters: list[socket.socket] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        real_create_server = loop.create_server
+
+        async def squatted_first(*args: Any, **kwargs: Any) -> Any:
+            if not squatters:  # someone takes the TCP twin between our two binds
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.bind(("127.0.0.1", kwargs["port"]))
+                s.listen()
+                squatters.append(s)
+            return await real_create_server(*args, **kwargs)
+
+        loop.create_server = squatted_first  # type: ignore[method-assign]
+        t = SipTransport(lambda r: None)
+        await t.start("127.0.0.1", 0)
+        assert t.local is not None and len(squatters) == 1
+        taken = squatters[0].getsockname()[1]
+        assert t.local[1] != taken
+        for kind in (socket.SOCK_DGRAM, socket.SOCK_STREAM):  # both listen on the new port
+            probe = socket.socket(socket.AF_INET, kind)
+            with pytest.raises(OSError):
+                probe.bind(t.local)
+            probe.close()
+        await t.close()
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as free:
+            free.bind(("127.0.0.1", taken))  # the UDP port given back is free again
+
+    try:
+        asyncio.run(main())
+    finally:
+        for s in squatters:
+            s.close()
 
 
 def test_handler_exception_does_not_kill_the_listener() -> None:

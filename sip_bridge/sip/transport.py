@@ -40,6 +40,12 @@ Address = tuple[str, int]
 class TransportError(OSError):
     """A listener could not be started (busy port, bad address): says which and why."""
 
+    in_use: bool = False  # the address was taken (EADDRINUSE)
+
+
+#: how many OS-chosen ports a listener on port 0 tries before it gives up
+_ANY_PORT_TRIES = 8
+
 
 @dataclass(frozen=True)
 class Received:
@@ -173,6 +179,18 @@ class SipTransport:
     async def start(
         self, host: str, port: int, transports: tuple[str, ...] = ("udp", "tcp")
     ) -> None:
+        """Listen on ``port`` for each of ``transports``; port 0 asks the OS for a port,
+        and UDP and TCP share it: one whose TCP twin is taken is given back and another
+        asked for (a few times), rather than the start failing on a port nobody chose."""
+        for attempt in range(_ANY_PORT_TRIES if port == 0 else 1):
+            try:
+                await self._listen(host, port, transports)
+                return
+            except TransportError as exc:
+                if not (port == 0 and exc.in_use and attempt < _ANY_PORT_TRIES - 1):
+                    raise
+
+    async def _listen(self, host: str, port: int, transports: tuple[str, ...]) -> None:
         loop = asyncio.get_running_loop()
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         if "udp" in transports:
@@ -300,10 +318,12 @@ def _load_cas(ctx: ssl.SSLContext, ca_file: str, purpose: ssl.Purpose) -> None:
 def _explain(exc: OSError, host: str, port: int, transport: str) -> TransportError:
     where = f"{host}:{port}/{transport}"
     if exc.errno == errno.EADDRINUSE:
-        return TransportError(
+        taken = TransportError(
             f"{where} is already in use (another sip-bridge or PBX?); "
             f"free it or choose another with --listen HOST:PORT"
         )
+        taken.in_use = True
+        return taken
     if exc.errno in (errno.EACCES, errno.EPERM):
         return TransportError(f"{where}: permission denied (ports below 1024 need root)")
     if exc.errno == errno.EADDRNOTAVAIL:
