@@ -75,6 +75,9 @@ _SHIFT_FLOOR = 1e-6 * 32768.0**2  # per sample: what came back (or was expected)
 _IDLE, _TRYING, _MOVED = 0, 1, 2
 _WIDEST = 5  # partitions: the locator's window (4), and one more once moved by a fraction
 _QUIET_REF = 1e-6 * 32768.0**2  # per sample: reference under -60 dBFS teaches nothing
+#: both filters' estimates under this share of what came back: the block is the caller or
+#: the line's noise, not our echo, and cannot tell the filters apart
+_LITTLE_ECHO = 0.1
 _NO_EVIDENCE = 1e-3  # the filters' estimates differ 30 dB under the error: compare nothing
 
 
@@ -248,7 +251,12 @@ class EchoCanceller:
             y_fg = self._estimates()[0]  # the filters moved with the echo
             e_fg = e_bg = d - y_fg
             y_bg = y_fg
-        elif follow == _IDLE and not frozen and self._compare(e_fg, e_bg):
+        elif (
+            follow == _IDLE
+            and not frozen
+            and _echo_evident(d, y_fg, y_bg)
+            and self._compare(e_fg, e_bg)
+        ):
             e_bg, y_bg = e_fg, y_fg  # reset: the background starts again from the foreground
         if follow != _TRYING and not frozen:  # (what comes back may not be where we look)
             self._adapt(e_bg, y_bg, float(np.dot(x, x)))
@@ -644,3 +652,9 @@ def _energies(partitions: _C128) -> _F64:
     parts = np.ascontiguousarray(partitions).view(np.float64)
     out: _F64 = np.einsum("pk,pk->p", parts, parts)
     return out
+
+
+def _echo_evident(mic: _F64, fg: _F64, bg: _F64) -> bool:
+    """Either filter expects a fair share of what came back as our echo."""
+    expected = max(float(np.dot(fg, fg)), float(np.dot(bg, bg)))
+    return expected >= _LITTLE_ECHO * float(np.dot(mic, mic))
