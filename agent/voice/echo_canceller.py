@@ -75,9 +75,7 @@ _SHIFT_FLOOR = 1e-6 * 32768.0**2  # per sample: what came back (or was expected)
 _IDLE, _TRYING, _MOVED = 0, 1, 2
 _WIDEST = 5  # partitions: the locator's window (4), and one more once moved by a fraction
 _QUIET_REF = 1e-6 * 32768.0**2  # per sample: reference under -60 dBFS teaches nothing
-#: both filters' estimates under this share of what came back: the block is the caller or
-#: the line's noise, not our echo, and cannot tell the filters apart
-_LITTLE_ECHO = 0.1
+_EVIDENT_ECHO = 10 ** (-65 / 10) * 32768.0**2  # per sample: an echo expected under -65 dBFS
 _NO_EVIDENCE = 1e-3  # the filters' estimates differ 30 dB under the error: compare nothing
 
 
@@ -254,7 +252,7 @@ class EchoCanceller:
         elif (
             follow == _IDLE
             and not frozen
-            and _echo_evident(d, y_fg, y_bg)
+            and _echo_evident(y_fg, y_bg)
             and self._compare(e_fg, e_bg)
         ):
             e_bg, y_bg = e_fg, y_fg  # reset: the background starts again from the foreground
@@ -654,7 +652,7 @@ def _energies(partitions: _C128) -> _F64:
     return out
 
 
-def _echo_evident(mic: _F64, fg: _F64, bg: _F64) -> bool:
-    """Either filter expects a fair share of what came back as our echo."""
-    expected = max(float(np.dot(fg, fg)), float(np.dot(bg, bg)))
-    return expected >= _LITTLE_ECHO * float(np.dot(mic, mic))
+def _echo_evident(fg: _F64, bg: _F64) -> bool:
+    """Either filter expects an echo over the line's noise: a block with less cannot tell
+    them apart (what came back there is noise, or the caller)."""
+    return max(float(np.dot(fg, fg)), float(np.dot(bg, bg))) >= _EVIDENT_ECHO * fg.size
