@@ -119,6 +119,7 @@ class EchoGate:
         # estimate follows the echo in time (no delay to allow for) and bounds it tighter
         self._est_ratios: deque[float] = deque(maxlen=self._ratios.maxlen)
         self._learnt = 0
+        self._shifts = 0  # the canceller's moves seen (see _forget_unfollowed)
         self.est_bound = float("inf")
         self.residual_db = -120.0  # the last tick's residual level, for logs and benches
         # set by the listener: its VAD hears speech in the residual. Until half a second of
@@ -145,6 +146,9 @@ class EchoGate:
         self._est.append(float(np.dot(echo, echo)))
         self._cross.append(float(np.dot(res, echo)))
         self._unfitted.append(self.canceller.unfitted)
+        if self.canceller.shifts != self._shifts:
+            self._shifts = self.canceller.shifts
+            self._forget_unfollowed(self.canceller.moved_late, e_left)
         self.residual_db = float(10 * np.log10(e_left / (32768.0**2 * res.size) + 1e-12))
         # this tick on its own against the echo it may hold (half the margin): a barge-in
         # needs half the window's ticks above it, so a click or a cough (a tick or two,
@@ -165,6 +169,20 @@ class EchoGate:
             self._learn()
         out: NDArray[np.int16] = np.clip(np.rint(res), -32768, 32767).astype(np.int16)
         return out
+
+    def _forget_unfollowed(self, blocks: int, e_left: float) -> None:
+        """The echo's delay moved and the canceller found it there this tick: the ticks
+        before, ``blocks`` of them, were cancelled where the echo no longer was, and what
+        they left was our own voice, not the caller. They count for no more than this
+        tick's residual, and none of them was above. Why: at a reply's start after the
+        greeting (the jitter buffers settled, the echo 20-40 ms from where it was), the
+        first two ticks of its echo came back whole (-44 dBFS at ERL 12 dB): those in the
+        window made it louder than the bound for the next 13 ticks, the VAD heard our
+        voice in them, and the reply was taken back as the caller going on ("We're
+        open... we're open Monday to Friday", tests/test_voice_call_echo.py)."""
+        for back in range(1, min(blocks, self.window - 1) + 1):
+            self._left[-1 - back] = min(self._left[-1 - back], e_left)
+            self._above[-back] = False  # (this tick's is not in yet)
 
     def _learn(self) -> None:
         """This window had our echo (and noise) only: its ratio joins the history."""

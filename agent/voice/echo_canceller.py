@@ -152,6 +152,9 @@ class EchoCanceller:
         self.copies = 0  # background -> foreground copies (convergence steps taken)
         self.resets = 0  # foreground -> background resets (the background wandered off)
         self.shifts = 0  # the echo's delay jumped and the filters followed (see _follow)
+        # at the last move: the blocks before it cancelled at the old delay (their residual
+        # was our echo, left where the filters no longer looked)
+        self.moved_late = 0
         # per start (in samples) the echo's response may move to
         self._shift_err: _F64 = np.zeros(p * block + 1)
         # the reference's last samples: the tail and two blocks more (oldest first)
@@ -322,6 +325,7 @@ class EchoCanceller:
             and errs[best] <= _SHIFT_BETTER * errs[now]
             and errs[best] <= 0.5 * self._shift_mic  # it cancels what came back
         ):
+            self.moved_late = self._shift_blocks - 1  # (this block is cancelled at the new)
             self._move_to(best, taps)
             return _MOVED
         return _TRYING if self._shift_blocks <= _SHIFT_HOLD else hold
